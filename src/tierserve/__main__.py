@@ -1,0 +1,3 @@
+from tierserve.cli import main
+
+raise SystemExit(main())

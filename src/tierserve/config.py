@@ -1,0 +1,249 @@
+"""Frozen configuration: numbers only, no I/O, validated on construction.
+
+Each layer gets its own small dataclass (cache, partitions, scheduler, policy, admission). None of
+them knows about a model directory: the scheduler and the KV manager are built from numbers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from tierserve.priority import NUM_PRIORITIES, Priority
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the reason."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _per_class(name: str, values: tuple, allow_none: bool = False) -> None:
+    _check(
+        len(values) == NUM_PRIORITIES,
+        f"{name} must have {NUM_PRIORITIES} values (P0..P3), got {len(values)}",
+    )
+    for i, v in enumerate(values):
+        if v is None and allow_none:
+            continue
+        _check(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+            f"{name}[P{i}] must be a number, got {v!r}",
+        )
+        _check(v >= 0, f"{name}[P{i}] must not be negative, got {v}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Priority classes
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PriorityConfig:
+    """TTFT service-level objective per class, in seconds (None = no SLA)."""
+
+    ttft_sla_s: tuple[float | None, ...] = (0.5, 5.0, 60.0, None)
+
+    def __post_init__(self) -> None:
+        _per_class("ttft_sla_s", self.ttft_sla_s, allow_none=True)
+        for i, v in enumerate(self.ttft_sla_s):
+            _check(v is None or v > 0, f"ttft_sla_s[P{i}] must be positive or None, got {v}")
+
+    def sla(self, priority: Priority) -> float | None:
+        return self.ttft_sla_s[priority]
+
+
+# ---------------------------------------------------------------------------------------------
+# KV cache
+# ---------------------------------------------------------------------------------------------
+
+Size = int | float
+"""A partition size: a ``float`` in [0, 1] is a fraction of the pool, an ``int`` a block count."""
+
+
+def resolve_size(name: str, value: Size, num_blocks: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(
+            f"{name} must be a fraction (float) or a block count (int), got {value!r}"
+        )
+    if isinstance(value, float):
+        _check(
+            math.isfinite(value) and 0.0 <= value <= 1.0,
+            f"{name} as a fraction must lie in [0, 1], got {value}",
+        )
+        return int(value * num_blocks)
+    _check(value >= 0, f"{name} must not be negative, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class PartitionSizes:
+    """Partition sizes resolved to block counts for one pool."""
+
+    num_blocks: int
+    p0_floor_min: int
+    p0_floor_max: int
+    p0_ceiling: int
+    p1_reserve: int
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """Per-priority KV memory partitions.
+
+    * P0 has a *hard floor* nobody else may use; it adapts between ``p0_floor_min`` and
+      ``p0_floor_max`` to recent P0 demand when ``adaptive`` is on (else it stays at the max).
+    * P0 may grow past its floor into the shared region up to ``p0_ceiling`` blocks in all.
+    * P1 has an *elastic reservation* ``p1_reserve``, protected from P2/P3 while P1 has demand and
+      lent to the classes in ``borrowers`` while P1 is idle; borrowed blocks are reclaimed first.
+    * Everything else is the shared region, first come first served.
+    """
+
+    p0_floor_min: Size = 0.02
+    p0_floor_max: Size = 0.10
+    p0_ceiling: Size = 0.60
+    p1_reserve: Size = 0.20
+    borrowers: tuple[Priority, ...] = (Priority.P3,)
+    adaptive: bool = True
+    window_s: float = 5.0
+    ewma_alpha: float = 0.3
+    headroom: float = 1.25
+
+    def __post_init__(self) -> None:
+        for b in self.borrowers:
+            _check(
+                Priority(b) in (Priority.P2, Priority.P3),
+                f"borrowers may only name P2 or P3, got {b!r}",
+            )
+        _check(self.window_s > 0, f"window_s must be positive, got {self.window_s}")
+        _check(0 < self.ewma_alpha <= 1, f"ewma_alpha must lie in (0, 1], got {self.ewma_alpha}")
+        _check(self.headroom >= 1, f"headroom must be >= 1, got {self.headroom}")
+        for name in ("p0_floor_min", "p0_floor_max", "p0_ceiling", "p1_reserve"):
+            resolve_size(name, getattr(self, name), 1 << 30)  # type and sign checks
+
+    def resolve(self, num_blocks: int) -> PartitionSizes:
+        fmin = resolve_size("p0_floor_min", self.p0_floor_min, num_blocks)
+        fmax = resolve_size("p0_floor_max", self.p0_floor_max, num_blocks)
+        ceil = resolve_size("p0_ceiling", self.p0_ceiling, num_blocks)
+        res = resolve_size("p1_reserve", self.p1_reserve, num_blocks)
+        _check(fmin <= fmax, f"p0_floor_min ({fmin} blocks) exceeds p0_floor_max ({fmax} blocks)")
+        _check(fmax <= ceil, f"p0_floor_max ({fmax} blocks) exceeds p0_ceiling ({ceil} blocks)")
+        _check(
+            ceil <= num_blocks, f"p0_ceiling ({ceil} blocks) exceeds the pool ({num_blocks} blocks)"
+        )
+        _check(
+            fmax + res <= num_blocks,
+            f"partitions add up to more than the pool: p0_floor_max {fmax} + p1_reserve {res} "
+            f"> {num_blocks} blocks",
+        )
+        return PartitionSizes(num_blocks, fmin, fmax, ceil, res)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_blocks: int = 1024
+    num_cpu_blocks: int = 0
+    enable_prefix_caching: bool = True
+    partitions: PartitionConfig = field(default_factory=PartitionConfig)
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.block_size, int) and self.block_size > 0,
+            f"block_size must be a positive integer, got {self.block_size!r}",
+        )
+        _check(
+            isinstance(self.num_blocks, int) and self.num_blocks > 0,
+            f"num_blocks must be a positive integer, got {self.num_blocks!r}",
+        )
+        _check(
+            isinstance(self.num_cpu_blocks, int) and self.num_cpu_blocks >= 0,
+            f"num_cpu_blocks must be a non-negative integer, got {self.num_cpu_blocks!r}",
+        )
+        self.partitions.resolve(self.num_blocks)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduler
+# ---------------------------------------------------------------------------------------------
+
+PREEMPTION_MODES = ("auto", "swap", "recompute")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    # A non-P0 prompt longer than this is prefilled at most `long_prefill_max_tokens` per step.
+    long_prefill_threshold: int = 8192
+    long_prefill_max_tokens: int = 4096
+    # "auto": swap when moving KV out and back costs less than `swap_cost_ratio` x recompute.
+    preemption_mode: str = "auto"
+    swap_cost_ratio: float = 0.3
+    check_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "long_prefill_threshold",
+            "long_prefill_max_tokens",
+        ):
+            v = getattr(self, name)
+            _check(isinstance(v, int) and v > 0, f"{name} must be a positive integer, got {v!r}")
+        _check(
+            self.preemption_mode in PREEMPTION_MODES,
+            f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}",
+        )
+        _check(
+            self.swap_cost_ratio > 0, f"swap_cost_ratio must be positive: {self.swap_cost_ratio}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    name: str = "hybrid"
+    drr_weights: tuple[float, ...] = (8, 4, 2, 1)
+    # DRR quantum per unit of weight, in tokens; a class gets weight x quantum per round.
+    drr_quantum_tokens: int = 512
+    wfq_weights: tuple[float, ...] = (16, 8, 4, 2)
+    aging: bool = True
+    # Seconds a request waits in a class before promotion by one class (None = never promoted).
+    aging_thresholds_s: tuple[float | None, ...] = (None, 30.0, 15.0, 5.0)
+    tenant_fairness: bool = True
+    # Output tokens counted in a request's cost when its max_tokens is larger than this.
+    max_expected_output_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.name, str) and self.name != "", "policy name must be a string")
+        _per_class("drr_weights", self.drr_weights)
+        _per_class("wfq_weights", self.wfq_weights)
+        for name in ("drr_weights", "wfq_weights"):
+            for i, w in enumerate(getattr(self, name)):
+                _check(w > 0, f"{name}[P{i}] must be positive, got {w}")
+        _check(self.drr_quantum_tokens > 0, "drr_quantum_tokens must be positive")
+        _per_class("aging_thresholds_s", self.aging_thresholds_s, allow_none=True)
+        th = self.aging_thresholds_s
+        _check(th[0] is None, "aging_thresholds_s[P0] must be None: P0 has no class to move to")
+        for i, v in enumerate(th):
+            _check(v is None or v > 0, f"aging_thresholds_s[P{i}] must be positive, got {v}")
+        # A less urgent class must not wait longer before promotion than a more urgent one.
+        known = [(i, v) for i, v in enumerate(th) if v is not None]
+        for (i, a), (j, b) in itertools.pairwise(known):
+            _check(
+                a >= b,
+                f"aging thresholds out of order: P{i} ({a} s) must be >= P{j} ({b} s); "
+                "a less urgent class is promoted sooner",
+            )
+        _check(self.max_expected_output_tokens > 0, "max_expected_output_tokens must be positive")

@@ -1,0 +1,1 @@
+"""The torch-free core: scheduler, KV cache manager, scheduler outputs."""

@@ -1,0 +1,2 @@
+class KVCacheError(RuntimeError):
+    """Misuse of the KV cache manager (unknown request, double free, ...)."""

@@ -1,0 +1,145 @@
+"""A request and its lifecycle.
+
+States::
+
+    WAITING ──► RUNNING ──► FINISHED
+       ▲          │  ▲
+       │          ▼  │
+       └──── PREEMPTED / SWAPPED          (any non-final state ──► ABORTED | FAILED)
+
+``PREEMPTED`` means its KV was dropped (it is recomputed on resumption) and it sits in the
+waiting queue again; ``SWAPPED`` means its KV lives in CPU swap space. Illegal transitions raise.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from tierserve.priority import Priority
+from tierserve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+    @property
+    def is_final(self) -> bool:
+        return self in _FINAL
+
+
+_FINAL = frozenset({RequestStatus.FINISHED, RequestStatus.ABORTED, RequestStatus.FAILED})
+_S = RequestStatus
+_ALLOWED: dict[RequestStatus, frozenset[RequestStatus]] = {
+    _S.WAITING: frozenset({_S.RUNNING, _S.ABORTED, _S.FAILED}),
+    _S.RUNNING: frozenset({_S.SWAPPED, _S.PREEMPTED, _S.FINISHED, _S.ABORTED, _S.FAILED}),
+    _S.SWAPPED: frozenset({_S.RUNNING, _S.PREEMPTED, _S.ABORTED, _S.FAILED}),
+    _S.PREEMPTED: frozenset({_S.RUNNING, _S.ABORTED, _S.FAILED}),
+    _S.FINISHED: frozenset(),
+    _S.ABORTED: frozenset(),
+    _S.FAILED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    priority: Priority = Priority.P1
+    tenant: str = "default"
+    arrival_time: float = 0.0
+    # Absolute time by which the first token is due (TTFT SLA), if any.
+    deadline: float | None = None
+    # Mixed into the first block's hash: requests with different salts never share KV.
+    cache_salt: str | None = None
+    eos_token_id: int | None = None
+
+    status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
+    output_token_ids: list[int] = field(default_factory=list, init=False)
+    output_logprobs: list[float] = field(default_factory=list, init=False)
+    num_computed_tokens: int = field(default=0, init=False)
+    finish_reason: FinishReason | None = field(default=None, init=False)
+    # The class the request was submitted with; `priority` may be promoted by aging.
+    base_priority: Priority = field(init=False)
+    num_preemptions: int = field(default=0, init=False)
+    first_scheduled_time: float | None = field(default=None, init=False)
+    first_token_time: float | None = field(default=None, init=False)
+    finished_time: float | None = field(default=None, init=False)
+    # Chained prefix-cache hashes of the full blocks, filled in by the KV manager.
+    block_hashes: list[bytes] = field(default_factory=list, init=False, repr=False)
+    _all_token_ids: list[int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if len(self.prompt_token_ids) == 0:
+            raise ValueError(f"request {self.request_id}: the prompt has no tokens")
+        self.priority = Priority(self.priority)
+        self.base_priority = self.priority
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        self._all_token_ids = list(self.prompt_token_ids)
+
+    # -- tokens ---------------------------------------------------------------------------------
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt then output tokens. Read-only by contract: use `append_output`."""
+        return self._all_token_ids
+
+    def append_output(self, token_id: int, logprob: float | None = None) -> None:
+        self.output_token_ids.append(token_id)
+        self._all_token_ids.append(token_id)
+        if logprob is not None:
+            self.output_logprobs.append(logprob)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.sampling_params.max_tokens
+
+    # -- state machine ----------------------------------------------------------------------
+    def transition(self, new: RequestStatus) -> None:
+        if new not in _ALLOWED[self.status]:
+            raise IllegalTransition(
+                f"request {self.request_id}: illegal transition {self.status.value} -> {new.value}"
+            )
+        self.status = new
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_final
+
+    def __repr__(self) -> str:  # compact: tests print many of these
+        return (
+            f"Request({self.request_id!r}, {self.priority.label}, {self.status.value}, "
+            f"prompt={self.num_prompt_tokens}, out={self.num_output_tokens}, "
+            f"computed={self.num_computed_tokens})"
+        )
