@@ -13,6 +13,13 @@ def _bench_kv(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_policy(args: argparse.Namespace) -> int:
+    from tierserve.bench.micro_policy import format_rows, run_policy_bench
+
+    print(format_rows(run_policy_bench(args.queued, args.ops), args.queued))
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     print("tierserve serve: the HTTP server is not built yet; the KV cache layer is.")
     return 0
@@ -34,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num-blocks", type=int, default=100_000)
     b.add_argument("--block-size", type=int, default=16)
     b.set_defaults(func=_bench_kv)
+
+    b = sub.add_parser("bench-policy", help="micro-benchmark the scheduling policies")
+    b.add_argument("--queued", type=int, default=100_000)
+    b.add_argument("--ops", type=int, default=20_000)
+    b.set_defaults(func=_bench_policy)
     return p
 
 

@@ -247,3 +247,47 @@ class PolicyConfig:
                 "a less urgent class is promoted sooner",
             )
         _check(self.max_expected_output_tokens > 0, "max_expected_output_tokens must be positive")
+
+
+# ---------------------------------------------------------------------------------------------
+# Admission control and rate limiting
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BucketConfig:
+    """A token bucket: `rate` tokens per second refilled continuously, at most `burst` stored.
+    A request costs prompt tokens + max_tokens."""
+
+    rate: float
+    burst: float
+
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.rate) and self.rate > 0, f"bucket rate must be > 0: {self.rate}")
+        _check(
+            math.isfinite(self.burst) and self.burst > 0, f"bucket burst must be > 0: {self.burst}"
+        )
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    global_bucket: BucketConfig | None = None
+    # Bucket for tenants that have none of their own (None: tenants are not rate limited).
+    tenant_bucket: BucketConfig | None = None
+    max_queued_requests: tuple[int, ...] = (256, 4096, 8192, 8192)
+    max_queued_tokens: tuple[int, ...] = (1 << 20, 1 << 24, 1 << 25, 1 << 25)
+    # Reject early a request whose class SLA cannot be met given the queue ahead of it.
+    reject_on_sla_miss: bool = False
+    # A P0 arrival that finds the P0 queue full sheds the lowest-class waiting request instead.
+    shed_for_p0: bool = True
+    drain_window_s: float = 2.0
+    drain_alpha: float = 0.3
+    # Used only until a drain rate has been measured.
+    initial_retry_after_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        _per_class("max_queued_requests", self.max_queued_requests)
+        _per_class("max_queued_tokens", self.max_queued_tokens)
+        _check(self.drain_window_s > 0, "drain_window_s must be positive")
+        _check(0 < self.drain_alpha <= 1, "drain_alpha must lie in (0, 1]")
+        _check(self.initial_retry_after_s > 0, "initial_retry_after_s must be positive")

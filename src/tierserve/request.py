@@ -71,6 +71,8 @@ class Request:
     # Mixed into the first block's hash: requests with different salts never share KV.
     cache_salt: str | None = None
     eos_token_id: int | None = None
+    # Tie-breaker among equal arrival times; the scheduler numbers requests as they come.
+    arrival_seq: int = 0
 
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
     output_token_ids: list[int] = field(default_factory=list, init=False)

@@ -1,0 +1,198 @@
+"""Admission control before a request reaches the queue.
+
+Checks, in order: the request's cost against bucket bursts (400: it could never pass), the
+tenant's and the global token buckets (429 + retry-after from the refill arithmetic), the class's
+queue limits in requests and tokens (503 + retry-after from the class's measured drain rate), and
+optionally whether the class's TTFT SLA can still be met (503). Tokens are taken from the buckets
+only when the request is admitted.
+
+A P0 request that finds the P0 queue full is not refused while a lower-class request waits: that
+request is shed instead (the caller fails it with the reason given here).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from tierserve.admission.rate_meter import RateMeter
+from tierserve.admission.token_bucket import TokenBucket
+from tierserve.clock import Clock
+from tierserve.config import AdmissionConfig, BucketConfig, PriorityConfig
+from tierserve.priority import ALL_PRIORITIES, Priority
+
+MAX_RETRY_AFTER_S = 60.0
+
+
+class QueueView(Protocol):
+    """What admission needs to know about the waiting queue (the scheduler provides it)."""
+
+    def queue_depth(self, priority: Priority) -> int: ...
+
+    def queued_tokens(self, priority: Priority) -> int: ...
+
+    def lowest_waiting(self, below: Priority) -> str | None:
+        """Id of the waiting request to shed first among classes less urgent than `below`."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    admitted: bool
+    priority: Priority
+    status: int = 200
+    error_type: str | None = None  # "rate_limited" | "resource_exhausted" | "invalid_request"
+    reason: str = ""
+    retry_after_s: float | None = None
+    queue_depth: int = 0
+    shed_request_id: str | None = None
+
+
+class AdmissionController:
+    def __init__(
+        self,
+        config: AdmissionConfig,
+        queue: QueueView,
+        clock: Clock,
+        priorities: PriorityConfig | None = None,
+    ) -> None:
+        self.config = config
+        self.queue = queue
+        self.clock = clock
+        self.priorities = priorities or PriorityConfig()
+        now = clock.now()
+        self._global = TokenBucket(config.global_bucket, now) if config.global_bucket else None
+        self._tenant_cfg: dict[str, BucketConfig | None] = {}
+        self._tenants: dict[str, TokenBucket] = {}
+        w, a = config.drain_window_s, config.drain_alpha
+        self._drain_reqs = [RateMeter(w, a) for _ in ALL_PRIORITIES]
+        self._drain_tokens = [RateMeter(w, a) for _ in ALL_PRIORITIES]
+        self.rejections: dict[tuple[str, Priority], int] = {}
+
+    # -- configuration -------------------------------------------------------------------------
+    def set_tenant_bucket(self, tenant: str, bucket: BucketConfig | None) -> None:
+        self._tenant_cfg[tenant] = bucket
+        self._tenants.pop(tenant, None)
+
+    def _tenant_bucket(self, tenant: str, now: float) -> TokenBucket | None:
+        b = self._tenants.get(tenant)
+        if b is None:
+            cfg = self._tenant_cfg.get(tenant, self.config.tenant_bucket)
+            if cfg is None:
+                return None
+            b = self._tenants[tenant] = TokenBucket(cfg, now)
+        return b
+
+    # -- measurements ----------------------------------------------------------------------
+    def on_dequeue(self, priority: Priority, tokens: int) -> None:
+        """A waiting request of `priority` left the queue for the running batch."""
+        now = self.clock.now()
+        self._drain_reqs[priority].add(1, now)
+        self._drain_tokens[priority].add(tokens, now)
+
+    def queue_depth(self, priority: Priority) -> int:
+        return self.queue.queue_depth(priority)
+
+    def drain_rate(self, priority: Priority) -> float | None:
+        """Requests per second leaving the queue of `priority` (None until measured)."""
+        return self._drain_reqs[priority].rate(self.clock.now())
+
+    def estimate_wait(self, priority: Priority) -> float | None:
+        """Seconds a new request of `priority` would wait: the queued requests of its class and
+        the more urgent ones, over their measured drain rate. None until a rate is measured."""
+        now = self.clock.now()
+        ahead = 0
+        rate = 0.0
+        measured = False
+        for p in ALL_PRIORITIES[: int(priority) + 1]:
+            ahead += self.queue.queue_depth(p)
+            r = self._drain_reqs[p].rate(now)
+            if r is not None:
+                measured = True
+                rate += r
+        if ahead == 0:
+            return 0.0
+        if not measured:
+            return None
+        return math.inf if rate <= 0 else ahead / rate
+
+    def _retry_after(self, meter: RateMeter, excess: float, now: float) -> float:
+        rate = meter.rate(now)
+        if rate is None:
+            return self.config.initial_retry_after_s
+        if rate <= 0:
+            return MAX_RETRY_AFTER_S
+        return min(MAX_RETRY_AFTER_S, max(excess, 1.0) / rate)
+
+    # -- the decision ------------------------------------------------------------------------
+    def decide(self, priority: Priority, tenant: str, cost_tokens: int) -> Decision:
+        now = self.clock.now()
+        depth = self.queue.queue_depth(priority)
+
+        def reject(status: int, kind: str, reason: str, retry: float | None) -> Decision:
+            key = (kind, priority)
+            self.rejections[key] = self.rejections.get(key, 0) + 1
+            return Decision(False, priority, status, kind, reason, retry, depth)
+
+        buckets = [
+            (name, b)
+            for name, b in (("tenant", self._tenant_bucket(tenant, now)), ("global", self._global))
+            if b is not None
+        ]
+        for name, b in buckets:
+            if cost_tokens > b.burst:
+                return reject(
+                    400,
+                    "invalid_request",
+                    f"request costs {cost_tokens} tokens (prompt + max_tokens), more than the "
+                    f"{name} rate limit's burst of {b.burst:g}; lower max_tokens",
+                    None,
+                )
+        waits = [(b.wait_for(cost_tokens, now), name) for name, b in buckets]
+        worst = max(waits, default=(0.0, ""))
+        if worst[0] > 0:
+            return reject(
+                429,
+                "rate_limited",
+                f"{worst[1]} rate limit: {cost_tokens} tokens needed, refill takes "
+                f"{worst[0]:.2f} s",
+                worst[0],
+            )
+
+        shed: str | None = None
+        lim_n = self.config.max_queued_requests[priority]
+        lim_t = self.config.max_queued_tokens[priority]
+        queued_t = self.queue.queued_tokens(priority)
+        full = depth + 1 > lim_n or queued_t + cost_tokens > lim_t
+        if full and priority == Priority.P0 and self.config.shed_for_p0:
+            shed = self.queue.lowest_waiting(below=priority)
+        if full and shed is None:
+            if depth + 1 > lim_n:
+                retry = self._retry_after(self._drain_reqs[priority], depth + 1 - lim_n, now)
+                what = f"{depth} requests queued, limit {lim_n}"
+            else:
+                excess = queued_t + cost_tokens - lim_t
+                retry = self._retry_after(self._drain_tokens[priority], excess, now)
+                what = f"{queued_t} tokens queued, limit {lim_t}"
+            return reject(
+                503,
+                "resource_exhausted",
+                f"the {priority.tier} ({priority.label}) queue is full: {what}",
+                retry,
+            )
+
+        if self.config.reject_on_sla_miss and shed is None:
+            sla = self.priorities.sla(priority)
+            wait = self.estimate_wait(priority)
+            if sla is not None and wait is not None and wait > sla:
+                return reject(
+                    503,
+                    "resource_exhausted",
+                    f"the {priority.tier} ({priority.label}) TTFT SLA of {sla:g} s cannot be "
+                    f"met: estimated wait {wait:.2f} s",
+                    min(MAX_RETRY_AFTER_S, wait - sla),
+                )
+
+        for _, b in buckets:
+            b.take(cost_tokens, now)
+        return Decision(True, priority, queue_depth=depth, shed_request_id=shed)

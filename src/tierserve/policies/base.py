@@ -1,0 +1,277 @@
+"""The policy interface: the waiting queue's order *and* the choice of preemption victims.
+
+The scheduler never asks which policy it runs; it calls ``peek``/``pop_next`` to admit, and
+``select_victims`` when memory or seats are short. ``peek`` and ``pop_next`` agree: the request
+``peek`` returns is the one the next ``pop_next`` with the same state removes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tierserve.config import PolicyConfig, PriorityConfig
+from tierserve.policies.queues import ClassQueue
+from tierserve.priority import NUM_PRIORITIES, Priority
+from tierserve.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerState:
+    """A read-only snapshot of the engine, given to the policy at each decision."""
+
+    now: float = 0.0
+    idle_seats: int = 1
+    running_by_class: tuple[int, ...] = (0, 0, 0, 0)
+    # Blocks each class could be charged now (partition headroom).
+    headroom_by_class: tuple[int, ...] = (0, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class VictimCandidate:
+    request: Request
+    # Blocks the asking request's class gains if this one lets go (from the KV reclaim order).
+    useful_blocks: int
+
+
+def arrival_key(request: Request) -> tuple[float, int]:
+    return (request.arrival_time, request.arrival_seq)
+
+
+class Policy(ABC):
+    name: str = ""
+
+    def __init__(self, config: PolicyConfig, priorities: PriorityConfig | None = None) -> None:
+        self.config = config
+        self.priorities = priorities or PriorityConfig()
+
+    # -- queue ---------------------------------------------------------------------------------
+    @abstractmethod
+    def add(self, request: Request) -> None: ...
+
+    @abstractmethod
+    def peek(self, state: SchedulerState) -> Request | None: ...
+
+    @abstractmethod
+    def pop_next(self, state: SchedulerState) -> Request | None: ...
+
+    @abstractmethod
+    def remove(self, request: Request) -> bool:
+        """Take a waiting request out (abort). Returns False if it was not queued."""
+
+    @abstractmethod
+    def requeue_preempted(self, request: Request) -> None:
+        """Put a preempted request back at the head of its class."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def __contains__(self, request_id: str) -> bool: ...
+
+    @abstractmethod
+    def waiting_by_class(self) -> tuple[int, ...]: ...
+
+    @abstractmethod
+    def requests(self) -> list[Request]: ...
+
+    # -- cost ----------------------------------------------------------------------------------
+    def cost(self, request: Request) -> int:
+        """Token cost used by fair-share policies: prompt + expected output."""
+        out = min(request.sampling_params.max_tokens, self.config.max_expected_output_tokens)
+        return request.num_prompt_tokens + out
+
+    # -- victims -------------------------------------------------------------------------------
+    def may_preempt(self, for_request: Request, victim: Request) -> bool:
+        """Default: a strictly more urgent class preempts; a running request that cannot grow
+        may also push out later arrivals of its own class."""
+        if victim.priority > for_request.priority:
+            return True
+        return (
+            for_request.status == RequestStatus.RUNNING
+            and victim.priority == for_request.priority
+            and arrival_key(victim) > arrival_key(for_request)
+        )
+
+    def select_victims(
+        self,
+        candidates: Sequence[VictimCandidate],
+        for_request: Request,
+        blocks_needed: int,
+    ) -> list[Request]:
+        """Choose whom to preempt so `for_request` gets `blocks_needed` blocks (0: a seat).
+        `candidates` come in the KV manager's reclaim order (borrowed first, lowest class
+        first, cheapest first). Returns [] when the eligible victims cannot cover the need:
+        preempting some and still failing would waste their work."""
+        chosen: list[Request] = []
+        got = 0
+        for c in candidates:
+            if not self.may_preempt(for_request, c.request):
+                continue
+            if blocks_needed > 0 and c.useful_blocks <= 0:
+                continue
+            chosen.append(c.request)
+            got += c.useful_blocks
+            if got >= blocks_needed:
+                return chosen
+        return []
+
+
+class ClassedPolicy(Policy):
+    """Common machinery of the per-class policies: one ``ClassQueue`` per class, a head lane for
+    preempted requests, O(log n) add/pop and O(1) remove, continuous aging (promotion one class
+    up after a per-class wait), and per-tenant fairness inside a class.
+
+    Subclasses choose *which class* serves next (``_choose``) and account for it (``_commit``);
+    the choice is computed once per state change so ``peek`` and ``pop_next`` always agree.
+    """
+
+    uses_aging = False
+    uses_tenant_fairness = False
+    # Promotion by aging never goes above this class.
+    top_promotion_class = Priority.P0
+
+    def __init__(self, config: PolicyConfig, priorities: PriorityConfig | None = None) -> None:
+        super().__init__(config, priorities)
+        fair = self.uses_tenant_fairness and config.tenant_fairness
+        self.queues = [ClassQueue(tenant_fair=fair) for _ in range(NUM_PRIORITIES)]
+        self._where: dict[str, int] = {}
+        self._reqs: dict[str, Request] = {}
+        self._charged: set[str] = set()  # served once already: no second charge on requeue
+        self._aging = self.uses_aging and config.aging
+        self._entered: dict[str, float] = {}  # time the request entered its current class
+        self._age_heaps: list[list[tuple[float, int, str]]] = [[] for _ in range(NUM_PRIORITIES)]
+        self._age_seq = 0
+        self._choice: tuple | None = None
+        self._now = 0.0
+        self.promotions = 0
+
+    # -- keys ----------------------------------------------------------------------------------
+    def deadline(self, request: Request) -> float:
+        if request.deadline is not None:
+            return request.deadline
+        sla = self.priorities.sla(request.base_priority)
+        return request.arrival_time + sla if sla is not None else math.inf
+
+    def order_key(self, request: Request) -> tuple:
+        """Order inside a class: arrival (subclasses may use deadlines)."""
+        return arrival_key(request)
+
+    # -- queue operations ------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        self._push(request, head=False, entered=request.arrival_time)
+
+    def requeue_preempted(self, request: Request) -> None:
+        self._charged.add(request.request_id)
+        self._push(request, head=True, entered=self._entered_time_for_requeue(request))
+
+    def _entered_time_for_requeue(self, request: Request) -> float:
+        # Aging counts time spent waiting: a preempted request starts a fresh wait now.
+        return max(request.arrival_time, self._now)
+
+    def _push(self, request: Request, head: bool, entered: float) -> None:
+        rid = request.request_id
+        if rid in self._where:
+            raise ValueError(f"request {rid} is already waiting")
+        c = int(request.priority)
+        if head:
+            self.queues[c].push_head(request, self.order_key(request))
+        else:
+            self.queues[c].push(request, self.order_key(request))
+        self._where[rid] = c
+        self._reqs[rid] = request
+        if self._aging and c > self.top_promotion_class:
+            self._entered[rid] = entered
+            heapq.heappush(self._age_heaps[c], (entered, self._age_seq, rid))
+            self._age_seq += 1
+        self._choice = None
+
+    def remove(self, request: Request) -> bool:
+        c = self._where.pop(request.request_id, None)
+        if c is None:
+            return False
+        self.queues[c].remove(request.request_id)
+        del self._reqs[request.request_id]
+        self._entered.pop(request.request_id, None)
+        self._charged.discard(request.request_id)
+        self._choice = None
+        return True
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._where
+
+    def waiting_by_class(self) -> tuple[int, ...]:
+        return tuple(len(q) for q in self.queues)
+
+    def requests(self) -> list[Request]:
+        return [r for q in self.queues for r in q.requests()]
+
+    def peek(self, state: SchedulerState) -> Request | None:
+        self.refresh(state.now)
+        if self._choice is None or self._choice[0] != state:
+            pick = self._choose(state)
+            self._choice = (state, pick)
+        pick = self._choice[1]
+        return None if pick is None else self.queues[pick[0]].peek()
+
+    def pop_next(self, state: SchedulerState) -> Request | None:
+        req = self.peek(state)
+        if req is None:
+            return None
+        pick = self._choice[1]
+        c = pick[0]
+        charged = req.request_id in self._charged
+        popped = self.queues[c].pop(lambda r: 0 if charged else self.cost(r))
+        assert popped is req, "peek and pop disagree"
+        del self._where[req.request_id]
+        del self._reqs[req.request_id]
+        self._entered.pop(req.request_id, None)
+        self._charged.discard(req.request_id)
+        self._commit(pick, req, 0 if charged else self.cost(req))
+        self._choice = None
+        return req
+
+    # -- aging -------------------------------------------------------------------------------
+    def refresh(self, now: float) -> None:
+        """Promote every request that has waited past its class's threshold (continuously:
+        called at each decision, not only at enqueue). The time it entered the new class is the
+        moment it crossed the threshold, so promotion chains do not drift with call timing."""
+        self._now = max(self._now, now)
+        if not self._aging:
+            return
+        th = self.config.aging_thresholds_s
+        for c in range(NUM_PRIORITIES - 1, int(self.top_promotion_class), -1):
+            t = th[c]
+            if t is None:
+                continue
+            heap = self._age_heaps[c]
+            while heap and heap[0][0] + t <= now:
+                entered, _, rid = heapq.heappop(heap)
+                if self._where.get(rid) != c or self._entered.get(rid) != entered:
+                    continue  # stale: served, removed or promoted already
+                self._promote(rid, c, entered + t)
+
+    def _promote(self, rid: str, c: int, entered: float) -> None:
+        q = self.queues[c]
+        req = self._reqs[rid]
+        in_head = rid in q.head
+        q.remove(rid)
+        del self._where[rid]
+        del self._reqs[rid]
+        req.priority = Priority(c - 1)
+        self.promotions += 1
+        self._push(req, head=in_head, entered=entered)
+
+    # -- class choice (subclasses) ---------------------------------------------------------
+    @abstractmethod
+    def _choose(self, state: SchedulerState) -> tuple | None:
+        """Return ``(class, *bookkeeping)`` for the next service without changing anything."""
+
+    def _commit(self, pick: tuple, request: Request, cost: int) -> None:
+        """Account for serving `request` of class ``pick[0]`` (deficits, tags)."""

@@ -1,0 +1,58 @@
+"""First come, first served: arrival order, priority ignored. The "no priority" baseline."""
+
+from __future__ import annotations
+
+from tierserve.policies.base import Policy, SchedulerState, arrival_key
+from tierserve.policies.queues import RequestHeap
+from tierserve.policies.registry import register_policy
+from tierserve.priority import NUM_PRIORITIES
+from tierserve.request import Request, RequestStatus
+
+
+@register_policy("fcfs")
+class FCFSPolicy(Policy):
+    def __init__(self, config, priorities=None) -> None:
+        super().__init__(config, priorities)
+        self._heap = RequestHeap()
+        self._counts = [0] * NUM_PRIORITIES
+
+    def add(self, request: Request) -> None:
+        self._heap.push(request, (1, *arrival_key(request)))
+        self._counts[request.priority] += 1
+
+    def requeue_preempted(self, request: Request) -> None:
+        self._heap.push(request, (0, *arrival_key(request)))
+        self._counts[request.priority] += 1
+
+    def peek(self, state: SchedulerState) -> Request | None:
+        return self._heap.peek()
+
+    def pop_next(self, state: SchedulerState) -> Request | None:
+        req = self._heap.pop()
+        if req is not None:
+            self._counts[req.priority] -= 1
+        return req
+
+    def remove(self, request: Request) -> bool:
+        if self._heap.remove(request.request_id):
+            self._counts[request.priority] -= 1
+            return True
+        return False
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._heap
+
+    def waiting_by_class(self) -> tuple[int, ...]:
+        return tuple(self._counts)
+
+    def requests(self) -> list[Request]:
+        return self._heap.requests()
+
+    def may_preempt(self, for_request: Request, victim: Request) -> bool:
+        # No priorities: only a running request that cannot grow pushes out later arrivals.
+        return for_request.status == RequestStatus.RUNNING and arrival_key(victim) > arrival_key(
+            for_request
+        )

@@ -1,0 +1,15 @@
+"""Strict priority: always the most urgent non-empty class; arrival order inside a class."""
+
+from __future__ import annotations
+
+from tierserve.policies.base import ClassedPolicy, SchedulerState
+from tierserve.policies.registry import register_policy
+
+
+@register_policy("strict")
+class StrictPolicy(ClassedPolicy):
+    def _choose(self, state: SchedulerState) -> tuple | None:
+        for c, q in enumerate(self.queues):
+            if len(q):
+                return (c,)
+        return None

@@ -1,0 +1,196 @@
+"""Token buckets, drain-rate meter and the admission controller, under a manual clock."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierserve.admission import AdmissionController, RateMeter, TokenBucket
+from tierserve.clock import ManualClock
+from tierserve.config import AdmissionConfig, BucketConfig, ConfigError, PriorityConfig
+from tierserve.priority import Priority
+
+P0, P1, P2, P3 = Priority
+
+
+class FakeQueue:
+    def __init__(self):
+        self.depth = [0, 0, 0, 0]
+        self.tokens = [0, 0, 0, 0]
+        self.waiting: list[tuple[Priority, str]] = []
+
+    def queue_depth(self, p):
+        return self.depth[p]
+
+    def queued_tokens(self, p):
+        return self.tokens[p]
+
+    def lowest_waiting(self, below):
+        cands = [(p, rid) for p, rid in self.waiting if p > below]
+        return max(cands)[1] if cands else None
+
+
+# -- token bucket ----------------------------------------------------------------------------------
+
+
+def test_bucket_refill_arithmetic_is_exact():
+    b = TokenBucket(BucketConfig(rate=100.0, burst=500.0), now=0.0)
+    b.take(500, 0.0)
+    assert b.level(0.0) == 0.0
+    assert b.level(1.5) == pytest.approx(150.0)
+    assert b.wait_for(250, 1.5) == pytest.approx(1.0)
+    assert b.level(100.0) == 500.0  # never past the burst
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rate=st.floats(0.1, 1e4),
+    burst=st.floats(1, 1e5),
+    events=st.lists(st.tuples(st.floats(0, 50), st.floats(0, 2e5)), max_size=40),
+)
+def test_bucket_never_exceeds_burst_and_retry_after_is_exact(rate, burst, events):
+    b = TokenBucket(BucketConfig(rate=rate, burst=burst), now=0.0)
+    now = 0.0
+    for dt, cost in events:
+        now += dt
+        level = b.level(now)
+        assert 0.0 <= level <= burst + 1e-9
+        wait = b.wait_for(cost, now)
+        if cost > burst:
+            assert wait == math.inf
+        elif wait == 0:
+            b.take(cost, now)
+        else:
+            # Just before the promised time the tokens are not there; at it, they are.
+            assert b.wait_for(cost, now + wait * 0.999) > 0 or wait < 1e-9
+            assert b.wait_for(cost, now + wait + 1e-9) == 0
+
+
+def test_bad_bucket_config_is_refused():
+    with pytest.raises(ConfigError, match="rate"):
+        BucketConfig(rate=0, burst=10)
+    with pytest.raises(ConfigError, match="burst"):
+        BucketConfig(rate=1, burst=-1)
+
+
+# -- drain meter -----------------------------------------------------------------------------------
+
+
+def test_rate_meter_windows_and_decay():
+    m = RateMeter(window_s=1.0, alpha=0.5)
+    m.add(0, 0.0)
+    for t in (0.1, 0.2, 0.3, 0.4):
+        m.add(1, t)
+    assert m.rate(0.9) is None  # first window not complete
+    assert m.rate(1.0) == pytest.approx(4.0)
+    m.add(2, 1.5)
+    assert m.rate(2.0) == pytest.approx(0.5 * 2 + 0.5 * 4)
+    assert m.rate(4.0) == pytest.approx(3.0 * 0.25)  # two empty windows
+
+
+# -- admission -------------------------------------------------------------------------------------
+
+
+def controller(**kw):
+    clock = ManualClock()
+    q = FakeQueue()
+    return AdmissionController(AdmissionConfig(**kw), q, clock), q, clock
+
+
+def test_admits_when_nothing_is_limited():
+    ac, _q, _c = controller()
+    d = ac.decide(P2, "t", 100)
+    assert d.admitted and d.status == 200
+
+
+def test_tenant_rate_limit_gives_429_with_exact_retry_after_and_refunds_nothing():
+    ac, _q, clock = controller(tenant_bucket=BucketConfig(rate=10, burst=100))
+    assert ac.decide(P1, "a", 80).admitted
+    d = ac.decide(P1, "a", 50)
+    assert (d.admitted, d.status, d.error_type) == (False, 429, "rate_limited")
+    assert d.retry_after_s == pytest.approx(3.0)  # 30 missing tokens at 10/s
+    assert ac.decide(P1, "b", 50).admitted  # another tenant has its own bucket
+    clock.advance(3.0)
+    assert ac.decide(P1, "a", 50).admitted
+
+
+def test_cost_above_burst_is_a_clear_400():
+    ac, _q, _c = controller(global_bucket=BucketConfig(rate=10, burst=100))
+    d = ac.decide(P1, "a", 101)
+    assert d.status == 400 and "burst" in d.reason and "max_tokens" in d.reason
+
+
+def test_queue_limit_gives_503_with_retry_after_from_measured_drain_rate():
+    ac, q, clock = controller(max_queued_requests=(4, 10, 10, 10), drain_window_s=1.0)
+    q.depth[P1] = 10
+    d = ac.decide(P1, "a", 10)
+    assert (d.status, d.error_type) == (503, "resource_exhausted")
+    assert d.retry_after_s == AdmissionConfig().initial_retry_after_s  # nothing measured yet
+    assert d.queue_depth == 10 and "online (P1) queue is full" in d.reason
+    for i in range(5):  # 5 requests per second leave the P1 queue
+        clock.set(i * 0.2)
+        ac.on_dequeue(P1, 100)
+    clock.set(1.0)
+    d = ac.decide(P1, "a", 10)
+    assert d.retry_after_s == pytest.approx(1 / 5)
+    assert ac.drain_rate(P1) == pytest.approx(5.0)
+    assert ac.estimate_wait(P1) == pytest.approx(10 / 5)
+
+
+def test_rate_limit_tokens_are_not_taken_when_the_queue_rejects():
+    ac, q, _c = controller(
+        tenant_bucket=BucketConfig(rate=1, burst=100), max_queued_requests=(1, 1, 1, 1)
+    )
+    q.depth[P2] = 1
+    assert ac.decide(P2, "a", 100).status == 503
+    q.depth[P2] = 0
+    assert ac.decide(P2, "a", 100).admitted  # the bucket is still full
+
+
+def test_p0_overflow_sheds_the_lowest_class_waiting_request():
+    ac, q, _c = controller(max_queued_requests=(1, 10, 10, 10))
+    q.depth[P0] = 1
+    q.waiting = [(P1, "online-1"), (P3, "bg-1"), (P2, "batch-1")]
+    d = ac.decide(P0, "a", 10)
+    assert d.admitted and d.shed_request_id == "bg-1"
+    q.waiting = [(P0, "rt-1")]
+    assert ac.decide(P0, "a", 10).status == 503  # nobody lower to shed
+
+
+def test_shedding_can_be_turned_off():
+    ac, q, _c = controller(max_queued_requests=(1, 10, 10, 10), shed_for_p0=False)
+    q.depth[P0] = 1
+    q.waiting = [(P3, "bg-1")]
+    assert ac.decide(P0, "a", 10).status == 503
+
+
+def test_sla_miss_rejection_uses_the_estimated_wait():
+    ac, q, clock = controller(reject_on_sla_miss=True, drain_window_s=1.0)
+    ac.on_dequeue(P0, 1)
+    clock.set(1.0)  # P0 drains 1 request/s
+    q.depth[P0] = 3
+    d = ac.decide(P0, "a", 10)  # 4 s wait > 0.5 s SLA
+    assert d.status == 503 and "SLA" in d.reason
+    q.depth[P0] = 0
+    assert ac.decide(P0, "a", 10).admitted
+    assert ac.decide(P3, "a", 10).admitted  # P3 has no SLA
+    assert PriorityConfig().sla(P3) is None
+
+
+def test_rejections_are_counted_by_reason_and_class():
+    ac, q, _c = controller(max_queued_requests=(1, 1, 1, 1))
+    q.depth[P2] = 5
+    ac.decide(P2, "a", 1)
+    ac.decide(P2, "a", 1)
+    assert ac.rejections[("resource_exhausted", P2)] == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"max_queued_requests": (1, 2, 3)}, "4 values"), ({"drain_alpha": 0}, "drain_alpha"),
+     ({"max_queued_tokens": (1, -2, 3, 4)}, "negative")],
+)  # fmt: skip
+def test_bad_admission_config_is_refused(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        AdmissionConfig(**kwargs)
