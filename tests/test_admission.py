@@ -1,5 +1,6 @@
 """Token buckets, drain-rate meter and the admission controller, under a manual clock."""
 
+import copy
 import math
 
 import pytest
@@ -63,8 +64,9 @@ def test_bucket_never_exceeds_burst_and_retry_after_is_exact(rate, burst, events
             b.take(cost, now)
         else:
             # Just before the promised time the tokens are not there; at it, they are.
-            assert b.wait_for(cost, now + wait * 0.999) > 0 or wait < 1e-9
-            assert b.wait_for(cost, now + wait + 1e-9) == 0
+            # (Probe copies: reading a bucket at a later time moves its clock.)
+            assert copy.copy(b).wait_for(cost, now + wait * 0.999) > 0
+            assert copy.copy(b).wait_for(cost, now + wait * (1 + 1e-9) + 1e-9) == 0
 
 
 def test_bad_bucket_config_is_refused():
