@@ -33,10 +33,13 @@ def make_request(
     ignore_eos: bool = True,
     request_id: str | None = None,
 ) -> Request:
+    rid = request_id or new_id()
     if tokens is None:
-        tokens = [(i * 7 + 3) % 1000 for i in range(num_tokens)]
+        # Distinct per request (no accidental prefix sharing); pass `tokens` to share on purpose.
+        base = hash(rid) % 50_000
+        tokens = [(base + i * 7 + 3) % 50_000 for i in range(num_tokens)]
     return Request(
-        request_id=request_id or new_id(),
+        request_id=rid,
         prompt_token_ids=list(tokens),
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos),
         priority=Priority(priority),

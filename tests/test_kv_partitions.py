@@ -104,13 +104,30 @@ def test_reclaim_for_p1_takes_borrowed_blocks_first():
     assert kv.reclaim_for(P1, 4) == [c.request_id]
 
 
-def test_reclaim_for_p0_skips_victims_that_would_not_help():
+def test_reclaim_for_p0_takes_p3_borrowed_blocks_first():
     kv = kv20()
-    _a, b, _c, d = fill_for_reclaim(kv)
-    # Freeing c's borrowed reservation blocks gives P0 nothing: P0 cannot use the reservation.
-    assert kv.reclaim_for(P0, 6) == [d.request_id]
-    assert kv.reclaim_for(P0, 8) == [d.request_id, b.request_id]
+    _a, _b, c, _d = fill_for_reclaim(kv)
+    # P0 has its free floor (4) and the reservation's free space (2): 6 fit already.
+    assert kv.reclaim_for(P0, 6) == []
+    # The reservation protects P1 from lower classes, not from P0: c's borrowed blocks help.
+    assert kv.reclaim_for(P0, 8) == [c.request_id]
     assert kv.reclaim_for(P0, 11) == []  # the ceiling (10) cannot be passed by reclaiming
+
+
+def test_reclaim_skips_victims_that_would_not_help():
+    kv = kv20()
+    _a, _b, _c, d = fill_for_reclaim(kv)
+    # P2 cannot use the reservation, so c's borrowed blocks are useless to it.
+    assert kv.reclaim_for(P2, 2) == [d.request_id]
+
+
+def test_p0_uses_idle_reservation_space_after_floor_and_shared():
+    kv = kv20()
+    alloc(kv, 10, P2)  # shared full
+    assert alloc(kv, 6, P0) is not None  # 4 floor + 2 of the reservation
+    assert kv.stats().partitions.borrowed == 2
+    assert alloc(kv, 5, P1) is None  # 4 reservation blocks left for P1
+    assert alloc(kv, 4, P1) is not None
 
 
 def test_reclaim_never_offers_same_or_higher_class():
@@ -157,7 +174,8 @@ def test_floor_growth_never_takes_blocks_in_use():
     assert big is not None
     assert kv.set_p0_floor(8) == 0  # nothing free to give the floor
     kv.check_invariants()
-    assert alloc(kv, 1, P0) is None  # only the P1 reservation is free
+    assert alloc(kv, 6, P0) is not None  # the idle P1 reservation is all that is free
+    assert alloc(kv, 1, P0) is None
     assert kv.reclaim_for(P0, 1) == [big.request_id]
     kv.free(big.request_id)
     assert kv.set_p0_floor(8) == 8

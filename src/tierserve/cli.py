@@ -20,6 +20,14 @@ def _bench_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_sched(args: argparse.Namespace) -> int:
+    from tierserve.bench.micro_sched import format_result, run_sched_bench
+
+    names = args.policy or ["fcfs", "strict", "drr", "wfq", "hybrid"]
+    print(format_result([run_sched_bench(n, steps=args.steps) for n in names]))
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     print("tierserve serve: the HTTP server is not built yet; the KV cache layer is.")
     return 0
@@ -46,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--queued", type=int, default=100_000)
     b.add_argument("--ops", type=int, default=20_000)
     b.set_defaults(func=_bench_policy)
+
+    b = sub.add_parser("bench-sched", help="time Scheduler.schedule() with a deep queue")
+    b.add_argument("--policy", action="append", help="policy to run (repeatable; default all)")
+    b.add_argument("--steps", type=int, default=200)
+    b.set_defaults(func=_bench_sched)
     return p
 
 

@@ -97,7 +97,8 @@ class PartitionConfig:
 
     * P0 has a *hard floor* nobody else may use; it adapts between ``p0_floor_min`` and
       ``p0_floor_max`` to recent P0 demand when ``adaptive`` is on (else it stays at the max).
-    * P0 may grow past its floor into the shared region up to ``p0_ceiling`` blocks in all.
+    * P0 may grow past its floor into the shared region (and free space of the P1 reservation)
+      up to ``p0_ceiling`` blocks in all.
     * P1 has an *elastic reservation* ``p1_reserve``, protected from P2/P3 while P1 has demand and
       lent to the classes in ``borrowers`` while P1 is idle; borrowed blocks are reclaimed first.
     * Everything else is the shared region, first come first served.

@@ -79,6 +79,7 @@ class Request:
     output_logprobs: list[float] = field(default_factory=list, init=False)
     num_computed_tokens: int = field(default=0, init=False)
     finish_reason: FinishReason | None = field(default=None, init=False)
+    error: str | None = field(default=None, init=False)
     # The class the request was submitted with; `priority` may be promoted by aging.
     base_priority: Priority = field(init=False)
     num_preemptions: int = field(default=0, init=False)

@@ -1,8 +1,9 @@
 """The policy interface: the waiting queue's order *and* the choice of preemption victims.
 
-The scheduler never asks which policy it runs; it calls ``peek``/``pop_next`` to admit, and
-``select_victims`` when memory or seats are short. ``peek`` and ``pop_next`` agree: the request
-``peek`` returns is the one the next ``pop_next`` with the same state removes.
+The scheduler never asks which policy it runs; it calls ``peek`` to see who is next, and
+``commit`` to serve exactly that request once it has memory and a seat (possibly after preempting
+victims, which go back into the queue in between); ``pop_next`` is ``peek`` + ``commit``.
+``select_victims`` chooses whom to preempt when memory or seats are short.
 """
 
 from __future__ import annotations
@@ -56,7 +57,14 @@ class Policy(ABC):
     def peek(self, state: SchedulerState) -> Request | None: ...
 
     @abstractmethod
-    def pop_next(self, state: SchedulerState) -> Request | None: ...
+    def commit(self, request: Request) -> None:
+        """Serve `request`, which the last ``peek`` returned, and account for it."""
+
+    def pop_next(self, state: SchedulerState) -> Request | None:
+        req = self.peek(state)
+        if req is not None:
+            self.commit(req)
+        return req
 
     @abstractmethod
     def remove(self, request: Request) -> bool:
@@ -145,7 +153,7 @@ class ClassedPolicy(Policy):
         self._entered: dict[str, float] = {}  # time the request entered its current class
         self._age_heaps: list[list[tuple[float, int, str]]] = [[] for _ in range(NUM_PRIORITIES)]
         self._age_seq = 0
-        self._choice: tuple | None = None
+        self._peeked: tuple | None = None
         self._now = 0.0
         self.promotions = 0
 
@@ -187,7 +195,6 @@ class ClassedPolicy(Policy):
             self._entered[rid] = entered
             heapq.heappush(self._age_heaps[c], (entered, self._age_seq, rid))
             self._age_seq += 1
-        self._choice = None
 
     def remove(self, request: Request) -> bool:
         c = self._where.pop(request.request_id, None)
@@ -197,7 +204,6 @@ class ClassedPolicy(Policy):
         del self._reqs[request.request_id]
         self._entered.pop(request.request_id, None)
         self._charged.discard(request.request_id)
-        self._choice = None
         return True
 
     def __len__(self) -> int:
@@ -214,28 +220,31 @@ class ClassedPolicy(Policy):
 
     def peek(self, state: SchedulerState) -> Request | None:
         self.refresh(state.now)
-        if self._choice is None or self._choice[0] != state:
-            pick = self._choose(state)
-            self._choice = (state, pick)
-        pick = self._choice[1]
-        return None if pick is None else self.queues[pick[0]].peek()
-
-    def pop_next(self, state: SchedulerState) -> Request | None:
-        req = self.peek(state)
-        if req is None:
+        pick = self._choose(state)
+        if pick is None:
+            self._peeked = None
             return None
-        pick = self._choice[1]
-        c = pick[0]
-        charged = req.request_id in self._charged
-        popped = self.queues[c].pop(lambda r: 0 if charged else self.cost(r))
-        assert popped is req, "peek and pop disagree"
-        del self._where[req.request_id]
-        del self._reqs[req.request_id]
-        self._entered.pop(req.request_id, None)
-        self._charged.discard(req.request_id)
-        self._commit(pick, req, 0 if charged else self.cost(req))
-        self._choice = None
+        req = self.queues[pick[0]].peek()
+        self._peeked = (pick, req)
         return req
+
+    def commit(self, request: Request) -> None:
+        if self._peeked is None or self._peeked[1] is not request:
+            raise ValueError(f"commit of {request.request_id}, which the last peek did not return")
+        pick, _ = self._peeked
+        self._peeked = None
+        c = pick[0]
+        charged = request.request_id in self._charged
+        cost = 0 if charged else self.cost(request)
+        popped = self.queues[c].pop(lambda r: cost)
+        if popped is not request:
+            raise ValueError(f"{request.request_id} is no longer the head of its class")
+        rid = request.request_id
+        del self._where[rid]
+        del self._reqs[rid]
+        self._entered.pop(rid, None)
+        self._charged.discard(rid)
+        self._commit(pick, request, cost)
 
     # -- aging -------------------------------------------------------------------------------
     def refresh(self, now: float) -> None:

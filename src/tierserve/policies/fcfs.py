@@ -27,11 +27,10 @@ class FCFSPolicy(Policy):
     def peek(self, state: SchedulerState) -> Request | None:
         return self._heap.peek()
 
-    def pop_next(self, state: SchedulerState) -> Request | None:
-        req = self._heap.pop()
-        if req is not None:
-            self._counts[req.priority] -= 1
-        return req
+    def commit(self, request: Request) -> None:
+        if not self._heap.remove(request.request_id):
+            raise ValueError(f"commit of {request.request_id}, which is not waiting")
+        self._counts[request.priority] -= 1
 
     def remove(self, request: Request) -> bool:
         if self._heap.remove(request.request_id):

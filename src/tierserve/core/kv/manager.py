@@ -25,6 +25,7 @@ from tierserve.core.kv.block_pool import BlockPool, KVBlock
 from tierserve.core.kv.errors import KVCacheError
 from tierserve.core.kv.hashing import extend_block_hashes
 from tierserve.core.kv.partitions import PartitionLedger, PartitionUsage
+from tierserve.core.kv.reclaim import Victim, reclaim_for, reclaim_order
 from tierserve.core.kv.swap import SwapSpace
 from tierserve.priority import NUM_PRIORITIES, Priority
 
@@ -41,20 +42,6 @@ class ComputedBlocks:
 
 
 NO_HITS = ComputedBlocks()
-
-
-@dataclass(frozen=True)
-class Victim:
-    """A request holding device blocks, as seen by reclaim ordering."""
-
-    request_id: str
-    priority: Priority
-    num_blocks: int
-    num_tokens: int
-    exclusive_blocks: int  # freed if this request alone lets go
-    borrowed_blocks: int
-    useful_blocks: int  # headroom the asking class gains if this request alone lets go
-    exclusive_by_class: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -127,6 +114,10 @@ class KVCacheManager:
         total = request.num_computed_tokens + computed.num_tokens + num_new_tokens
         return max(0, math.ceil(total / self.block_size) - have - len(computed.blocks))
 
+    def usage(self) -> float:
+        """Fraction of device blocks held by requests (cached free blocks count as free)."""
+        return 1.0 - self.pool.num_free / self.pool.num_blocks
+
     def headroom(self, priority: Priority) -> int:
         return min(self.ledger.headroom(priority), self.pool.num_free)
 
@@ -181,8 +172,15 @@ class KVCacheManager:
         if rid in self._swapped:
             raise KVCacheError(f"request {rid} is swapped out: swap it in before allocating")
         held = self._held.get(rid)
-        if held is not None and computed.blocks:
-            raise KVCacheError(f"request {rid} already holds blocks; prefix hits are for new ones")
+        if held is not None:
+            if computed.blocks:
+                raise KVCacheError(
+                    f"request {rid} already holds blocks; prefix hits are for new ones"
+                )
+            total = request.num_computed_tokens + num_new_tokens
+            if total <= len(held.blocks) * self.block_size:  # fast path: fits in its blocks
+                held.num_tokens = max(held.num_tokens, total)
+                return []
         cls = held.priority if held is not None else request.priority
         need = self.blocks_needed(request, num_new_tokens, computed)
         revived = [b for b in computed.blocks if b.ref_cnt == 0]
@@ -297,57 +295,16 @@ class KVCacheManager:
     def reclaim_order(
         self, for_priority: Priority, request_ids: list[str] | None = None
     ) -> list[Victim]:
-        """Holders of device blocks in reclaim order: holders of borrowed blocks first, then the
-        lowest class first, then the cheapest to lose (fewest tokens). `useful_blocks` says how
-        much each would help `for_priority` on its own."""
+        """Holders of device blocks in reclaim order (see reclaim.py)."""
         ids = list(self._held) if request_ids is None else request_ids
-        used, borrowed = self.ledger.used, self.ledger.borrowed
-        base = self.ledger.headroom(for_priority)
-        out = []
-        for rid in ids:
-            held = self._held.get(rid)
-            if held is None:
-                continue
-            by_class = [0] * NUM_PRIORITIES
-            excl = excl_borrowed = 0
-            for blk in held.blocks:
-                if blk.ref_cnt == 1:
-                    by_class[blk.charge] += 1
-                    excl += 1
-                    excl_borrowed += blk.borrowed
-            u = [a - b for a, b in zip(used, by_class, strict=True)]
-            gain = self.ledger.headroom(for_priority, u, borrowed - excl_borrowed) - base
-            out.append(
-                Victim(
-                    rid, held.priority, len(held.blocks), held.num_tokens, excl, excl_borrowed,
-                    gain, tuple(by_class),
-                )
-            )  # fmt: skip
-        out.sort(key=lambda v: (v.borrowed_blocks == 0, -v.priority, v.num_tokens))
-        return out
+        return reclaim_order(self.ledger, self._held, for_priority, ids)
 
     def reclaim_for(self, priority: Priority, num_blocks: int) -> list[str]:
         """Requests of strictly lower classes whose preemption would let `priority` allocate
-        `num_blocks`: the shortest helpful prefix of the reclaim order. Touches nothing.
-        Empty when there is room already or when even all of them would not be enough."""
+        `num_blocks` (see reclaim.py). Touches nothing."""
         if self.headroom(priority) >= num_blocks:
             return []
-        u = list(self.ledger.used)
-        b = self.ledger.borrowed
-        h = self.ledger.headroom(priority)
-        chosen = []
-        for v in self.reclaim_order(priority):
-            if v.priority <= priority:
-                continue
-            u2 = [a - x for a, x in zip(u, v.exclusive_by_class, strict=True)]
-            b2 = b - v.borrowed_blocks
-            h2 = self.ledger.headroom(priority, u2, b2)
-            if h2 > h:
-                chosen.append(v.request_id)
-                u, b, h = u2, b2, h2
-                if h >= num_blocks:
-                    return chosen
-        return []
+        return reclaim_for(self.ledger, self.reclaim_order(priority), priority, num_blocks)
 
     # -- observability and checks ------------------------------------------------------
     def stats(self) -> KVStats:
@@ -382,7 +339,7 @@ class KVCacheManager:
             if rid in self._swapped:
                 raise AssertionError(f"request {rid} is both held and swapped")
         used = [0] * NUM_PRIORITIES
-        borrowed = 0
+        borrowed = [0] * NUM_PRIORITIES
         for blk in self.pool.blocks:
             if blk.ref_cnt != refs.get(blk.block_id, 0):
                 raise AssertionError(
@@ -393,9 +350,9 @@ class KVCacheManager:
             if blk.charge is not None:
                 used[blk.charge] += 1
                 if blk.borrowed:
-                    if blk.charge not in self.ledger.borrowers:
+                    if blk.charge not in self.ledger.borrowers and blk.charge != Priority.P0:
                         raise AssertionError(f"{blk} borrowed by non-borrower {blk.charge}")
-                    borrowed += 1
+                    borrowed[blk.charge] += 1
             elif blk.borrowed:
                 raise AssertionError(f"free {blk} still marked borrowed")
         self.ledger.check_invariants(used, borrowed)

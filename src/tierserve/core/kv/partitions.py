@@ -8,16 +8,20 @@ Regions, which add up to the pool (N blocks)::
     │ (adapts to P0 demand)    │ P1 is idle                │                              │
     └──────────────────────────┴───────────────────────────┴──────────────────────────────┘
 
-Only per-class usage ``u[c]`` and the number of borrowed blocks ``b`` are stored; where each
-class's blocks sit is derived, each class filling its own region first:
+Only per-class usage ``u[c]`` and per-class *borrowed* counts ``b[c]`` (blocks a class other
+than P1 holds inside R) are stored; where the rest sits is derived, each class filling its own
+region first:
 
-* P0 occupies ``min(u0, F)`` of the floor and overflows into S, never past the ceiling C.
-* Borrowed blocks occupy ``b`` of R; P1 occupies ``min(u1, R - b)`` and overflows into S.
-* P2 and P3 (minus their borrowed blocks) live in S.
+* P0 fills its floor, then S, then free space in R (the reservation protects P1 from *lower*
+  classes only); never past its ceiling C in all.
+* Borrowed blocks occupy ``b = sum(b[c])`` of R; P1 occupies ``min(u1, R - b)`` and overflows
+  into S.
+* P2 and P3 live in S; borrowers (P3 by default) may also take R's idle space while P1 is not
+  waiting. Their borrowed blocks are the first reclaimed when P1 (or P0) needs room.
 
-So ``shared_used = (u0 - F)+ + (u1 - (R - b))+ + u2 + u3 - b`` and an allocation is feasible
-when it keeps ``shared_used <= S`` and ``u0 <= C``. No allocation by P1..P3 can ever touch the
-floor: the floor is simply not in their headroom.
+So ``shared_used = (u0 - b0 - F)+ + (u1 - (R - b))+ + u2 + u3 - b2 - b3`` and an allocation is
+feasible when it keeps ``shared_used <= S``, ``b + min(u1, R - b) <= R`` and ``u0 <= C``. No
+allocation by P1..P3 can ever touch the floor: the floor is simply not in their headroom.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ class PartitionLedger:
         self.reserve = sizes.p1_reserve
         self.floor = sizes.p0_floor_max
         self.used = [0] * NUM_PRIORITIES
-        self.borrowed = 0
+        self.borrowed_by = [0] * NUM_PRIORITIES  # blocks held inside R by classes other than P1
         self.borrowers = frozenset(Priority(p) for p in config.borrowers)
         # P1 has demand when it is waiting for memory; the scheduler tells us.
         self.p1_waiting = False
@@ -65,50 +69,79 @@ class PartitionLedger:
     def shared(self) -> int:
         return self.num_blocks - self.floor - self.reserve
 
-    def shared_used(self, u: list[int] | None = None, b: int | None = None) -> int:
+    @property
+    def borrowed(self) -> int:
+        return sum(self.borrowed_by)
+
+    def shared_used(self, u: list[int] | None = None, b: list[int] | None = None) -> int:
         u = self.used if u is None else u
-        b = self.borrowed if b is None else b
-        return max(0, u[0] - self.floor) + max(0, u[1] - (self.reserve - b)) + u[2] + u[3] - b
+        b = self.borrowed_by if b is None else b
+        return (
+            max(0, u[0] - b[0] - self.floor)
+            + max(0, u[1] - (self.reserve - sum(b)))
+            + u[2]
+            - b[2]
+            + u[3]
+            - b[3]
+        )
 
-    def _lendable(self, u: list[int], b: int) -> int:
-        """Idle part of the P1 reservation that borrowers may take right now."""
-        if self.p1_waiting:
-            return 0
-        return max(0, self.reserve - b - u[1])
+    def _reserve_free(self, u: list[int], b: list[int]) -> int:
+        return max(0, self.reserve - sum(b) - u[1])
 
-    def headroom(self, priority: Priority, u: list[int] | None = None, b: int | None = None) -> int:
+    def _room(self, priority: Priority, u: list[int], b: list[int]) -> tuple[int, int]:
+        """(blocks `priority` may take outside R, blocks it may take inside R as a borrower)."""
+        shared_free = max(0, self.shared - self.shared_used(u, b))
+        if priority == Priority.P0:
+            own = max(0, self.floor - max(0, u[0] - b[0]))
+            return own + shared_free, self._reserve_free(u, b)
+        if priority == Priority.P1:
+            return self._reserve_free(u, b) + shared_free, 0
+        lend = 0
+        if priority in self.borrowers and not self.p1_waiting:
+            lend = self._reserve_free(u, b)
+        return shared_free, lend
+
+    def headroom(
+        self, priority: Priority, u: list[int] | None = None, b: list[int] | None = None
+    ) -> int:
         """How many more blocks `priority` could be charged with, given usage (default: now)."""
         u = self.used if u is None else u
-        b = self.borrowed if b is None else b
-        shared_free = self.shared - self.shared_used(u, b)
+        b = self.borrowed_by if b is None else b
+        outside, inside = self._room(priority, u, b)
+        room = outside + inside
         if priority == Priority.P0:
-            return max(0, min(self.ceiling - u[0], max(0, self.floor - u[0]) + shared_free))
-        if priority == Priority.P1:
-            return max(0, max(0, self.reserve - b - u[1]) + shared_free)
-        lend = self._lendable(u, b) if priority in self.borrowers else 0
-        return max(0, shared_free + lend)
+            room = min(room, self.ceiling - u[0])
+        return max(0, room)
 
     def plan(self, priority: Priority, n: int) -> int | None:
-        """If `priority` can be charged `n` blocks, return how many of them are borrowed;
-        otherwise None."""
+        """If `priority` can be charged `n` blocks, return how many of them are borrowed (held
+        inside the P1 reservation); otherwise None."""
         if n <= 0:
             return 0
         if self.headroom(priority) < n:
             return None
-        if priority in self.borrowers:
-            shared_free = self.shared - self.shared_used()
-            return max(0, n - max(0, shared_free))
-        return 0
+        outside, _ = self._room(priority, self.used, self.borrowed_by)
+        return max(0, n - outside)
+
+    def capacity(self, priority: Priority) -> int:
+        """The most blocks `priority` could ever hold: everyone else gone, floor at its min."""
+        s = self.sizes
+        shared = s.num_blocks - s.p0_floor_min - s.p1_reserve
+        if priority == Priority.P0:
+            return s.p0_ceiling
+        if priority == Priority.P1:
+            return shared + s.p1_reserve
+        return shared + (s.p1_reserve if priority in self.borrowers else 0)
 
     # -- commits -------------------------------------------------------------------------------
     def charge(self, priority: Priority, n: int, borrowed: int = 0) -> None:
         self.used[priority] += n
-        self.borrowed += borrowed
+        self.borrowed_by[priority] += borrowed
 
     def release(self, priority: Priority, n: int, borrowed: int = 0) -> None:
         self.used[priority] -= n
-        self.borrowed -= borrowed
-        if self.used[priority] < 0 or self.borrowed < 0:
+        self.borrowed_by[priority] -= borrowed
+        if self.used[priority] < 0 or self.borrowed_by[priority] < 0:
             raise AssertionError(f"partition counters went negative releasing {n} of {priority}")
 
     # -- adaptive floor --------------------------------------------------------------------
@@ -118,7 +151,8 @@ class PartitionLedger:
         target = min(max(target, self.sizes.p0_floor_min), self.sizes.p0_floor_max)
         if target > self.floor:
             shared_free = self.shared - self.shared_used()
-            movable = max(0, self.used[0] - self.floor) + max(0, shared_free)
+            p0_over = max(0, self.used[0] - self.borrowed_by[0] - self.floor)
+            movable = p0_over + max(0, shared_free)
             target = min(target, self.floor + movable)
         self.floor = target
         return self.floor
@@ -145,7 +179,7 @@ class PartitionLedger:
         u, b = self.used, self.borrowed
         return PartitionUsage(
             floor=self.floor,
-            floor_used=min(u[0], self.floor),
+            floor_used=min(u[0] - self.borrowed_by[0], self.floor),
             ceiling=self.ceiling,
             reserve=self.reserve,
             reserve_used=b + min(u[1], self.reserve - b),
@@ -155,11 +189,13 @@ class PartitionLedger:
             used_by_class=tuple(u),
         )
 
-    def check_invariants(self, recount_used: list[int], recount_borrowed: int) -> None:
+    def check_invariants(self, recount_used: list[int], recount_borrowed: list[int]) -> None:
         if recount_used != self.used:
             raise AssertionError(f"partition counters {self.used} != recount {recount_used}")
-        if recount_borrowed != self.borrowed:
-            raise AssertionError(f"borrowed {self.borrowed} != recount {recount_borrowed}")
+        if recount_borrowed != self.borrowed_by:
+            raise AssertionError(f"borrowed {self.borrowed_by} != recount {recount_borrowed}")
+        if self.borrowed_by[1] != 0:
+            raise AssertionError("P1 blocks marked borrowed from its own reservation")
         u = self.used
         s = self.sizes
         if not (s.p0_floor_min <= self.floor <= s.p0_floor_max):
@@ -170,7 +206,7 @@ class PartitionLedger:
             raise AssertionError(
                 f"shared region over capacity: {self.shared_used()} > {self.shared}"
             )
-        if self.borrowed > self.reserve:
-            raise AssertionError(f"borrowed {self.borrowed} > reservation {self.reserve}")
+        if self.borrowed + min(u[1], self.reserve - self.borrowed) > self.reserve:
+            raise AssertionError(f"reservation over capacity: borrowed {self.borrowed}")
         if sum(u[1:]) > self.num_blocks - self.floor:
             raise AssertionError("P1..P3 use blocks of the P0 hard floor")

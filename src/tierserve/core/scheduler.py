@@ -1,0 +1,363 @@
+"""The scheduler: joins the policy (waiting queue, victims) and the KV cache manager.
+
+There are no prefill and decode phases: every request has ``num_computed_tokens`` catching up to
+``num_tokens``. A step's token budget is shared by whoever needs tokens, so prefill chunks and
+decode tokens mix in one batch. Each ``schedule()``, in this order:
+
+1. bring swapped requests back, most urgent first, while memory and seats allow and no more
+   urgent request is waiting;
+2. keep running requests going, most urgent first; a request that cannot get its next block
+   preempts running requests ranked below it (victims chosen by the policy in the KV manager's
+   reclaim order) or, if there are none, is preempted itself;
+3. admit waiting requests in the policy's order; one that finds no seat or no memory preempts
+   running requests of strictly lower classes (policy permitting), else admission stops.
+
+Preemption happens here, between steps, never during one: a victim already scheduled in this
+step is unscheduled before its output is built, so no launched step is touched. A victim is
+swapped out or dropped for recompute by cost (see preemption.py); either way it keeps its place
+at the head of its class.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from tierserve.clock import Clock
+from tierserve.config import SchedulerConfig
+from tierserve.core.kv import KVCacheManager
+from tierserve.core.kv.manager import NO_HITS, ComputedBlocks
+from tierserve.core.outputs import SchedulerOutput
+from tierserve.core.preemption import PreemptionCosts, PreemptionMode, choose_mode
+from tierserve.core.step_state import StepPlan
+from tierserve.policies import Policy, SchedulerState, VictimCandidate
+from tierserve.policies.base import arrival_key
+from tierserve.priority import NUM_PRIORITIES, Priority
+from tierserve.request import Request, RequestStatus
+
+S = RequestStatus
+
+
+def rank(r: Request) -> tuple:
+    return (r.priority, *arrival_key(r))
+
+
+@dataclass
+class PreemptionCounts:
+    swap: int = 0
+    recompute: int = 0
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
+    by_victim_class: tuple[int, ...] = (0, 0, 0, 0)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        policy: Policy,
+        clock: Clock,
+        costs: PreemptionCosts | None = None,
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.policy = policy
+        self.clock = clock
+        self.costs = costs
+        self.requests: dict[str, Request] = {}
+        self.running: dict[str, Request] = {}
+        self.swapped: dict[str, Request] = {}
+        self._seq = itertools.count()
+        self._step = 0
+        self._forget: set[str] = set()  # leave the executor's state at the next step
+        self._known: set[str] = set()  # requests whose state the executor holds
+        self._waiting_count = [0] * NUM_PRIORITIES  # by submitted class
+        self._waiting_tokens = [0] * NUM_PRIORITIES
+        self.preemptions = PreemptionCounts()
+        self._victim_class = [0] * NUM_PRIORITIES
+        self.on_dequeue = None  # optional callback(request) when a request leaves the queue
+        self._changed: list[Request] = []  # finished inside schedule(), reported with the step
+
+    # -- intake ----------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        if request.status != S.WAITING:
+            raise ValueError(f"request {request.request_id} is {request.status.value}, not new")
+        if request.max_total_tokens > self.config.max_model_len:
+            raise ValueError(
+                f"request {request.request_id}: prompt ({request.num_prompt_tokens} tokens) + "
+                f"max_tokens ({request.sampling_params.max_tokens}) exceeds the model's context "
+                f"({self.config.max_model_len} tokens)"
+            )
+        need = -(-(request.num_prompt_tokens + 1) // self.kv.block_size)
+        cap = self.kv.ledger.capacity(request.priority)
+        if need > cap:
+            raise ValueError(
+                f"request {request.request_id}: the prompt needs {need} KV blocks; the cache "
+                f"can give a {request.priority.tier} ({request.priority.label}) request at most "
+                f"{cap}"
+            )
+        request.arrival_seq = next(self._seq)
+        self.requests[request.request_id] = request
+        self._enqueue(request, requeue=False)
+
+    def _enqueue(self, request: Request, requeue: bool) -> None:
+        (self.policy.requeue_preempted if requeue else self.policy.add)(request)
+        self._waiting_count[request.base_priority] += 1
+        self._waiting_tokens[request.base_priority] += request.num_tokens
+
+    def _dequeued(self, request: Request) -> None:
+        self._waiting_count[request.base_priority] -= 1
+        self._waiting_tokens[request.base_priority] -= request.num_tokens
+
+    # -- the step --------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        now = self.clock.now()
+        self.kv.observe(now)
+        self.kv.set_p1_waiting(self.policy.waiting_by_class()[Priority.P1] > 0)
+        plan = StepPlan(self._step, self.config.max_num_batched_tokens)
+        self._step += 1
+        plan.out.finished_req_ids = self._forget
+        self._forget = set()
+        self._swap_in(plan)
+        self._schedule_running(plan)
+        self._admit_waiting(plan, now)
+        out = plan.build(self.running, self.kv, self._known)
+        if self.config.check_invariants:
+            self.check_invariants(out)
+        return out
+
+    def _seats(self) -> int:
+        return self.config.max_num_seqs - len(self.running)
+
+    def _tokens_for(self, req: Request, budget: int, already: int = 0) -> int:
+        remaining = req.num_tokens - req.num_computed_tokens - already
+        cap = budget
+        if (
+            req.priority != Priority.P0
+            and req.num_prompt_tokens > self.config.long_prefill_threshold
+        ):
+            cap = min(cap, self.config.long_prefill_max_tokens)
+        return max(0, min(remaining, cap))
+
+    def _swap_in(self, plan: StepPlan) -> None:
+        if not self.swapped:
+            return
+        waiting = self.policy.waiting_by_class()
+        top_waiting = next((c for c in range(NUM_PRIORITIES) if waiting[c]), NUM_PRIORITIES)
+        for req in sorted(self.swapped.values(), key=rank):
+            if self._seats() <= 0 or plan.budget <= 0 or top_waiting < req.priority:
+                break
+            mapping = self.kv.swap_in(req)
+            if mapping is None:
+                break
+            del self.swapped[req.request_id]
+            req.transition(S.RUNNING)
+            self.running[req.request_id] = req
+            plan.swap_in(req, mapping)
+            self.preemptions.swapped_in_blocks += len(mapping)
+
+    def _schedule_running(self, plan: StepPlan) -> None:
+        # Tokens waiting in each class and all more urgent ones: a running request's prefill
+        # chunk leaves that much budget to the waiting requests that outrank it, so a P0 arrival
+        # is not stuck behind a long P2 prompt. Decode steps (one token) are never held back.
+        ahead = list(itertools.accumulate([0, *self._waiting_tokens]))
+        for req in sorted(self.running.values(), key=rank):
+            if req.request_id not in self.running or plan.budget <= 0:
+                continue
+            n = self._tokens_for(req, plan.budget)
+            if n > 1:
+                n = min(n, max(1, plan.budget - ahead[req.priority]))
+            if n == 0:
+                continue
+            while req.request_id in self.running:
+                ids = self.kv.allocate_slots(req, n)
+                if ids is not None:
+                    plan.schedule(req, n, ids)
+                    break
+                if self._make_room(req, self._shortfall(req, n, NO_HITS), plan):
+                    continue
+                if len(self.running) == 1:
+                    # Alone and still no room: it has all the KV memory it can ever get.
+                    plan.unschedule(req)
+                    self.finish(req.request_id, S.FINISHED, "length")
+                    self._changed.append(req)
+                else:
+                    self._preempt(req, plan)
+
+    def _admit_waiting(self, plan: StepPlan, now: float) -> None:
+        while plan.budget > 0:
+            req = self.policy.peek(self._state(now))
+            if req is None:
+                break
+            computed = self.kv.get_computed_blocks(req)
+            n = self._tokens_for(req, plan.budget, computed.num_tokens)
+            ids = self.kv.allocate_slots(req, n, computed) if self._seats() > 0 else None
+            if ids is None:
+                short = self._shortfall(req, n, computed)
+                if self._make_room(req, short, plan, seat=self._seats() <= 0):
+                    ids = self.kv.allocate_slots(req, n, computed)
+            if ids is None or self._seats() <= 0:
+                if ids is not None:  # memory came, the seat did not
+                    self.kv.free(req.request_id)
+                break  # head-of-line: the next request waits for this one
+            self.policy.commit(req)
+            self._dequeued(req)
+            req.num_computed_tokens = computed.num_tokens
+            req.transition(S.RUNNING)
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            self.running[req.request_id] = req
+            plan.schedule(req, n, ids)
+            if self.on_dequeue is not None:
+                self.on_dequeue(req)
+
+    def _shortfall(self, req: Request, n: int, computed: ComputedBlocks) -> int:
+        """Blocks `req` needs beyond what its class can be given right now."""
+        need = self.kv.blocks_needed(req, n, computed)
+        revived = sum(1 for b in computed.blocks if b.ref_cnt == 0)
+        return max(0, need + revived - self.kv.headroom(req.priority))
+
+    def _state(self, now: float) -> SchedulerState:
+        by_class = [0] * NUM_PRIORITIES
+        for r in self.running.values():
+            by_class[r.priority] += 1
+        return SchedulerState(
+            now=now,
+            idle_seats=self._seats(),
+            running_by_class=tuple(by_class),
+            headroom_by_class=tuple(self.kv.headroom(p) for p in Priority),
+        )
+
+    # -- preemption ------------------------------------------------------------------------
+    def _make_room(self, req: Request, blocks: int, plan: StepPlan, seat: bool = False) -> bool:
+        """Preempt running requests so `req` gains `blocks` blocks of headroom (and a seat, if
+        `seat`). Victims come from the policy, in the KV manager's reclaim order. Returns
+        whether any were preempted."""
+        if blocks <= 0 and not seat:
+            return False
+        may = self.policy.may_preempt
+        others = [rid for rid, r in self.running.items() if r is not req and may(req, r)]
+        if not others:
+            return False
+        order = self.kv.reclaim_order(req.priority, others)
+        cands = [VictimCandidate(self.running[v.request_id], v.useful_blocks) for v in order]
+        victims = self.policy.select_victims(cands, req, max(0, blocks))
+        for v in victims:
+            self._preempt(v, plan)
+        return bool(victims)
+
+    def _preempt(self, victim: Request, plan: StepPlan) -> None:
+        rid = victim.request_id
+        plan.unschedule(victim)
+        blocks = len(self.kv.block_ids(rid))
+        mode = choose_mode(
+            self.config.preemption_mode,
+            self.costs,
+            blocks,
+            victim.num_computed_tokens,
+            self.config.swap_cost_ratio,
+        )
+        mapping = self.kv.swap_out(victim) if mode == PreemptionMode.SWAP else None
+        del self.running[rid]
+        victim.num_preemptions += 1
+        self._victim_class[victim.priority] += 1
+        self.preemptions.by_victim_class = tuple(self._victim_class)
+        if mapping is not None:
+            victim.transition(S.SWAPPED)
+            self.swapped[rid] = victim
+            plan.swap_out(victim, mapping)
+            self.preemptions.swap += 1
+            self.preemptions.swapped_out_blocks += len(mapping)
+        else:
+            self.kv.free(rid)
+            victim.num_computed_tokens = 0
+            victim.transition(S.PREEMPTED)
+            self._enqueue(victim, requeue=True)
+            plan.preempt_recompute(victim)
+            self.preemptions.recompute += 1
+
+    # -- results ---------------------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, sampled, logprobs, failed) -> list[Request]:
+        """Advance computed tokens, append sampled tokens, apply stop conditions. Returns the
+        requests that changed (got a token, finished or failed), in scheduling order."""
+        from tierserve.core.stopping import check_stop
+
+        now = self.clock.now()
+        changed, self._changed = self._changed, []
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.running.get(rid)
+            if req is None:
+                continue  # aborted while the step ran
+            if rid in failed:
+                self.finish(rid, S.FAILED, failed[rid])
+                changed.append(req)
+                continue
+            req.num_computed_tokens += n
+            self.kv.cache_blocks(req)
+            tok = sampled.get(rid)
+            if tok is None:
+                continue
+            if req.num_computed_tokens != req.num_tokens:
+                raise AssertionError(f"{rid}: sampled before all tokens were computed")
+            req.append_output(tok, logprobs.get(rid))
+            if req.first_token_time is None:
+                req.first_token_time = now
+            reason = check_stop(req, self.config.max_model_len)
+            if reason is not None:
+                self.finish(rid, S.FINISHED, reason)
+            changed.append(req)
+        return changed
+
+    def finish(self, request_id: str, status: RequestStatus, reason: str | None = None) -> Request:
+        """End a request from any live state (finished, aborted or failed), freeing its KV."""
+        from tierserve.request import FinishReason
+
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            raise KeyError(f"unknown request {request_id!r}")
+        if request_id in self.running:
+            del self.running[request_id]
+            self._forget.add(request_id)
+        elif request_id in self.swapped:
+            del self.swapped[request_id]
+        elif self.policy.remove(req):
+            self._dequeued(req)
+        if self.kv.holds(request_id) or self.kv.is_swapped(request_id):
+            self.kv.free(request_id)
+        req.transition(status)
+        req.finished_time = self.clock.now()
+        if status == S.FINISHED:
+            req.finish_reason = FinishReason(reason or "stop")
+        else:
+            req.finish_reason = FinishReason.ABORT if status == S.ABORTED else FinishReason.ERROR
+            req.error = reason
+        return req
+
+    # -- queue view (for admission control) --------------------------------------------------
+    def queue_depth(self, priority: Priority) -> int:
+        return self._waiting_count[priority]
+
+    def queued_tokens(self, priority: Priority) -> int:
+        return self._waiting_tokens[priority]
+
+    def lowest_waiting(self, below: Priority) -> str | None:
+        cands = [r for r in self.policy.requests() if r.base_priority > below]
+        if not cands:
+            return None
+        return max(cands, key=lambda r: (r.base_priority, *arrival_key(r))).request_id
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.policy)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- invariants ---------------------------------------------------------------------------
+    def check_invariants(self, out: SchedulerOutput | None = None) -> None:
+        from tierserve.core.invariants import check_scheduler
+
+        check_scheduler(self, out)

@@ -1,0 +1,17 @@
+"""The executor interface the engine drives."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
+from tierserve.core.preemption import PreemptionCosts
+
+
+class Executor(Protocol):
+    def execute(self, output: SchedulerOutput) -> ExecutorOutput:
+        """Apply swaps and copies, run one forward pass, sample. May raise: the engine then
+        fails the step's requests and keeps serving."""
+
+    def preemption_costs(self) -> PreemptionCosts | None:
+        """Swap bandwidth, KV bytes per block and prefill speed, for swap-vs-recompute."""

@@ -1,0 +1,257 @@
+"""Exact scheduler scenarios on tiny pools, with the KV-simulating fake executor."""
+
+import pytest
+
+from tests.helpers import make_request
+from tierserve.clock import ManualClock
+from tierserve.config import CacheConfig, PartitionConfig, PolicyConfig, SchedulerConfig
+from tierserve.core.preemption import PreemptionCosts
+from tierserve.engine import EngineCore
+from tierserve.executor.fake import FakeExecutor
+from tierserve.priority import Priority
+from tierserve.request import RequestStatus as S
+
+P0, P1, P2, P3 = Priority
+NO_PARTS = PartitionConfig(
+    p0_floor_min=0, p0_floor_max=0, p0_ceiling=1.0, p1_reserve=0, adaptive=False
+)
+# Swapping 1 block costs 2 us, recomputing 1 token 1 ms: "auto" swaps.
+CHEAP_SWAP = PreemptionCosts(kv_bytes_per_block=1e3, swap_bytes_per_s=1e9, prefill_tokens_per_s=1e3)
+
+
+def engine(
+    num_blocks=16,
+    block_size=4,
+    cpu=0,
+    seqs=8,
+    budget=64,
+    policy="hybrid",
+    parts=NO_PARTS,
+    mode="recompute",
+    costs=None,
+):
+    clock = ManualClock()
+    ex = FakeExecutor(num_blocks, block_size, cpu, costs=costs)
+    eng = EngineCore.build(
+        ex,
+        clock,
+        CacheConfig(block_size, num_blocks, cpu, partitions=parts),
+        SchedulerConfig(
+            max_num_seqs=seqs,
+            max_num_batched_tokens=budget,
+            preemption_mode=mode,
+            check_invariants=True,
+            max_model_len=4096,
+        ),
+        PolicyConfig(name=policy),
+    )
+    return eng, clock
+
+
+def step(eng, clock, dt=0.01):
+    changed = eng.step()
+    clock.advance(dt)
+    return changed
+
+
+def drain(eng, clock, limit=10_000):
+    for _ in range(limit):
+        if not eng.has_unfinished():
+            return
+        step(eng, clock)
+    raise AssertionError("engine did not drain")
+
+
+def test_p0_arrival_preempts_a_running_p3_when_memory_is_full():
+    eng, clock = engine(num_blocks=8)
+    bg = make_request(28, P3, max_tokens=4)  # 7 of 8 blocks, 8 when done
+    eng.add_request(bg)
+    step(eng, clock)
+    assert bg.status == S.RUNNING and bg.num_output_tokens == 1
+    rt = make_request(8, P0, max_tokens=4)  # needs 2 blocks, 1 is free
+    eng.add_request(rt)
+    changed = step(eng, clock)
+    assert rt in changed and rt.num_output_tokens == 1  # first token in this very step
+    assert bg.status == S.PREEMPTED and bg.num_computed_tokens == 0
+    assert eng.scheduler.preemptions.recompute == 1
+    assert eng.scheduler.preemptions.by_victim_class[P3] == 1
+    drain(eng, clock)
+    assert bg.status == S.FINISHED and bg.num_output_tokens == 4
+
+
+def test_p0_with_free_seats_but_no_blocks_reclaims_p3_borrowed_blocks_first():
+    parts = PartitionConfig(
+        p0_floor_min=0, p0_floor_max=0, p0_ceiling=1.0, p1_reserve=4, adaptive=False
+    )
+    eng, clock = engine(num_blocks=12, parts=parts, seqs=8)
+    batch = make_request(29, P2, max_tokens=3)  # 8 blocks: the whole shared region
+    bg = make_request(14, P3, max_tokens=3)  # 4 blocks: borrowed from the idle P1 reservation
+    eng.add_request(batch)
+    eng.add_request(bg)
+    step(eng, clock)
+    kv = eng.scheduler.kv
+    assert kv.stats().partitions.borrowed == 4 and kv.pool.num_free == 0
+    rt = make_request(8, P0, max_tokens=2)
+    eng.add_request(rt)
+    step(eng, clock)
+    assert rt.status == S.RUNNING and rt.num_output_tokens == 1
+    assert bg.status == S.PREEMPTED  # the borrower went first
+    assert batch.status == S.RUNNING  # the shared-region holder was not touched
+
+
+def test_preempted_request_resumes_ahead_of_later_arrivals_of_its_class():
+    eng, clock = engine(num_blocks=8)
+    first = make_request(20, P2, max_tokens=6)  # 5 blocks
+    eng.add_request(first)
+    step(eng, clock)
+    rt = make_request(12, P0, max_tokens=3)  # 3 blocks + growth: pushes `first` out
+    eng.add_request(rt)
+    step(eng, clock)
+    assert first.status == S.PREEMPTED
+    later = make_request(20, P2, max_tokens=6)
+    eng.add_request(later)
+    # Until P0 finishes neither P2 fits; then `first` must be admitted before `later`.
+    while first.status != S.RUNNING:
+        step(eng, clock)
+        assert later.status == S.WAITING
+    assert later.status == S.WAITING
+    drain(eng, clock)
+    assert first.finished_time < later.finished_time
+
+
+def test_long_p2_prompt_is_chunked_and_p0_gets_its_first_token_next_step():
+    eng, clock = engine(num_blocks=64, budget=16)
+    long_ = make_request(100, P2, max_tokens=2)
+    eng.add_request(long_)
+    step(eng, clock)
+    assert long_.num_computed_tokens == 16 and long_.num_output_tokens == 0
+    rt = make_request(8, P0, max_tokens=2)
+    eng.add_request(rt)
+    step(eng, clock)
+    assert rt.num_output_tokens == 1  # within the next step
+    assert long_.num_computed_tokens == 24  # it still made progress with the rest
+    drain(eng, clock)
+    assert long_.num_output_tokens == 2
+
+
+def test_prompts_over_the_long_threshold_get_a_smaller_per_step_budget():
+    clock = ManualClock()
+    eng = EngineCore.build(
+        FakeExecutor(256, 16),
+        clock,
+        CacheConfig(16, 256, partitions=NO_PARTS),
+        SchedulerConfig(
+            max_num_batched_tokens=2048,
+            long_prefill_threshold=1000,
+            long_prefill_max_tokens=256,
+            check_invariants=True,
+        ),
+    )
+    long_, short = make_request(1500, P2, max_tokens=1), make_request(900, P2, max_tokens=1)
+    eng.add_request(long_)
+    eng.add_request(short)
+    eng.step()
+    assert long_.num_computed_tokens == 256
+    assert short.num_computed_tokens == 900  # under the threshold: not capped
+
+
+def test_seats_full_p0_takes_the_seat_of_the_lowest_class():
+    eng, clock = engine(num_blocks=64, seqs=2)
+    a, b = make_request(8, P1, max_tokens=20), make_request(8, P3, max_tokens=20)
+    eng.add_request(a)
+    eng.add_request(b)
+    step(eng, clock)
+    rt = make_request(8, P0, max_tokens=2)
+    eng.add_request(rt)
+    step(eng, clock)
+    assert rt.num_output_tokens == 1
+    assert b.status == S.PREEMPTED and a.status == S.RUNNING
+
+
+def test_auto_mode_swaps_when_swap_is_cheap_and_outputs_are_unchanged():
+    def run(mode, costs):
+        eng, clock = engine(num_blocks=8, cpu=16, mode=mode, costs=costs)
+        bg = make_request(tokens=list(range(100, 124)), priority=P3, max_tokens=12)
+        eng.add_request(bg)
+        step(eng, clock)
+        step(eng, clock)
+        eng.add_request(make_request(tokens=list(range(500, 512)), priority=P0, max_tokens=3))
+        step(eng, clock)
+        status = bg.status
+        drain(eng, clock)
+        return status, list(bg.output_token_ids), eng.scheduler.preemptions
+
+    swapped, out_swap, p_swap = run("auto", CHEAP_SWAP)
+    assert swapped == S.SWAPPED and p_swap.swap == 1 and p_swap.swapped_in_blocks > 0
+    recomputed, out_rec, p_rec = run("recompute", None)
+    assert recomputed == S.PREEMPTED and p_rec.recompute == 1
+    assert out_swap == out_rec
+
+
+def test_swap_falls_back_to_recompute_when_swap_space_is_full():
+    eng, clock = engine(num_blocks=8, cpu=2, mode="swap")
+    bg = make_request(24, P3, max_tokens=8)  # 6 blocks > 2 swap blocks
+    eng.add_request(bg)
+    step(eng, clock)
+    eng.add_request(make_request(12, P0, max_tokens=3))
+    step(eng, clock)
+    assert bg.status == S.PREEMPTED
+    assert eng.scheduler.preemptions.recompute == 1
+
+
+def test_abort_frees_everything_from_every_state():
+    eng, clock = engine(num_blocks=8, cpu=16, mode="swap")
+    run_ = make_request(16, P3, max_tokens=50)
+    eng.add_request(run_)
+    step(eng, clock)
+    eng.add_request(make_request(16, P0, max_tokens=50))
+    step(eng, clock)
+    assert run_.status == S.SWAPPED
+    waiting = make_request(16, P2, max_tokens=5)
+    eng.add_request(waiting)
+    for r in (run_, waiting):
+        assert eng.abort_request(r.request_id).status == S.ABORTED
+    assert eng.abort_request("never-seen") is None
+    for rid in list(eng.scheduler.requests):
+        eng.abort_request(rid)
+    kv = eng.scheduler.kv
+    assert kv.pool.num_free == 8 and kv.swap.num_free == 16
+    eng.scheduler.check_invariants()
+
+
+def test_executor_failure_fails_the_step_and_the_engine_keeps_serving():
+    eng, clock = engine(num_blocks=32)
+    a = make_request(8, P1, max_tokens=4)
+    eng.add_request(a)
+    eng.executor.raise_next = RuntimeError("device lost")
+    step(eng, clock)
+    assert a.status == S.FAILED and "device lost" in a.error
+    assert eng.scheduler.kv.pool.num_free == 32
+    b = make_request(8, P1, max_tokens=4)
+    eng.add_request(b)
+    drain(eng, clock)
+    assert b.status == S.FINISHED and b.num_output_tokens == 4
+
+
+def test_per_request_failure_fails_only_that_request():
+    eng, clock = engine(num_blocks=32)
+    a, b = make_request(8, P1, max_tokens=3), make_request(8, P1, max_tokens=3)
+    eng.executor.fail_request_ids.add(a.request_id)
+    eng.add_request(a)
+    eng.add_request(b)
+    drain(eng, clock)
+    assert a.status == S.FAILED and b.status == S.FINISHED
+
+
+def test_request_over_the_context_is_refused_with_both_numbers():
+    eng, _ = engine()
+    with pytest.raises(ValueError, match=r"prompt \(4000 tokens\).*max_tokens \(200\).*4096"):
+        eng.add_request(make_request(4000, P1, max_tokens=200))
+
+
+def test_duplicate_request_id_is_refused():
+    eng, _ = engine()
+    r = make_request(8, P1)
+    eng.add_request(r)
+    with pytest.raises(ValueError, match="already in the engine"):
+        eng.add_request(r)
