@@ -28,6 +28,17 @@ def _bench_sched(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_engine(args: argparse.Namespace) -> int:
+    from tierserve.bench.engine_bench import format_report, run_engine_bench
+
+    rows, info = run_engine_bench(
+        tuple(args.concurrency), args.rounds, args.prompt_len, args.output_len,
+        with_transformers=not args.no_transformers, dtype=args.dtype,
+    )  # fmt: skip
+    print(format_report(rows, info))
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     print("tierserve serve: the HTTP server is not built yet; the KV cache layer is.")
     return 0
@@ -54,6 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--queued", type=int, default=100_000)
     b.add_argument("--ops", type=int, default=20_000)
     b.set_defaults(func=_bench_policy)
+
+    b = sub.add_parser("bench-engine", help="real engine throughput beside transformers' generate")
+    b.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    b.add_argument("--rounds", type=int, default=2, help="requests per client")
+    b.add_argument("--prompt-len", type=int, default=128)
+    b.add_argument("--output-len", type=int, default=64)
+    b.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    b.add_argument("--no-transformers", action="store_true", help="skip the baseline")
+    b.set_defaults(func=_bench_engine)
 
     b = sub.add_parser("bench-sched", help="time Scheduler.schedule() with a deep queue")
     b.add_argument("--policy", action="append", help="policy to run (repeatable; default all)")

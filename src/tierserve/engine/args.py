@@ -1,0 +1,43 @@
+"""Every engine, cache and policy setting in one frozen record (what `tierserve serve` flags and
+`tierserve.LLM(...)` keywords fill in), and the builder that turns it into a running engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tierserve.config import (
+    AdmissionConfig,
+    PartitionConfig,
+    PolicyConfig,
+    PriorityConfig,
+)
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    model: str | None = None  # None: the embedded default model
+    device: str | None = None  # None: cuda if available, else cpu
+    dtype: str | None = None  # None: bfloat16 on cuda, float32 on cpu
+    kv_cache_gib: float = 1.0
+    num_kv_blocks: int | None = None  # overrides kv_cache_gib
+    swap_space_gib: float = 0.25
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's context length
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "auto"
+    seed: int | None = None
+    partitions: PartitionConfig = field(default_factory=PartitionConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    priorities: PriorityConfig = field(default_factory=PriorityConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    measure_costs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_gib <= 0 and self.num_kv_blocks is None:
+            raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+        if self.swap_space_gib < 0:
+            raise ValueError(f"swap_space_gib must not be negative, got {self.swap_space_gib}")
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

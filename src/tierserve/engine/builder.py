@@ -1,0 +1,72 @@
+"""Build a real engine (model + TorchExecutor + scheduler) from EngineArgs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tierserve.clock import Clock, WallClock
+from tierserve.config import CacheConfig, SchedulerConfig
+from tierserve.engine.args import EngineArgs
+from tierserve.engine.core import EngineCore
+from tierserve.executor.torch_executor import (
+    TorchExecutor,
+    blocks_for_gib,
+    default_device,
+    default_dtype,
+)
+from tierserve.model.config import ModelConfig
+from tierserve.model.llama import LlamaModel
+from tierserve.model.loader import load_model
+from tierserve.model.tokenizer import ChatTokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class BuiltEngine:
+    engine: EngineCore
+    tokenizer: ChatTokenizer
+    model_config: ModelConfig
+    model_name: str
+    executor: TorchExecutor
+    args: EngineArgs
+
+
+def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
+    loaded = load_model(args.model)
+    device = args.device or default_device()
+    dtype = _DTYPES[args.dtype] if args.dtype else default_dtype(device)
+    model = LlamaModel(loaded.config, loaded.weights, device, dtype)
+    loaded.weights = {}  # the model holds what it needs (fused copies or the same tensors)
+    num_blocks = args.num_kv_blocks or blocks_for_gib(model, args.block_size, args.kv_cache_gib)
+    num_cpu = (
+        blocks_for_gib(model, args.block_size, args.swap_space_gib) if args.swap_space_gib else 0
+    )
+    executor = TorchExecutor(
+        model, num_blocks, args.block_size, num_cpu, seed=args.seed, measure=args.measure_costs
+    )
+    max_len = min(args.max_model_len or loaded.config.max_position_embeddings,
+                  loaded.config.max_position_embeddings)  # fmt: skip
+    engine = EngineCore.build(
+        executor,
+        clock or WallClock(),
+        CacheConfig(
+            block_size=args.block_size,
+            num_blocks=num_blocks,
+            num_cpu_blocks=num_cpu,
+            enable_prefix_caching=args.enable_prefix_caching,
+            partitions=args.partitions,
+        ),
+        SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=max_len,
+            preemption_mode=args.preemption_mode,
+        ),
+        args.policy,
+        args.priorities,
+    )
+    name = args.model or "SmolLM2-135M-Instruct"
+    return BuiltEngine(engine, loaded.tokenizer, loaded.config, name, executor, args)

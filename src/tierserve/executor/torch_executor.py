@@ -1,0 +1,170 @@
+"""The PyTorch executor: KV cache tensors indexed by the KV manager's block ids, swaps and copies
+between a device pool and a host pool, one forward pass per step over the mixed batch, sampling.
+Runs on CPU (float32 by default) and unchanged on CUDA (bfloat16 by default).
+
+At start it measures what the scheduler's swap-vs-recompute choice needs: prefill speed (tokens
+per second, from a short warm-up prefill) and host<->device copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
+from tierserve.core.preemption import PreemptionCosts
+from tierserve.executor.batch import build_batch
+from tierserve.model.llama import LlamaModel
+from tierserve.model.sampler import Sampler
+from tierserve.sampling_params import SamplingParams
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str) -> torch.dtype:
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
+    c = model.config
+    elem = torch.empty((), dtype=model.dtype).element_size()
+    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * elem
+
+
+def blocks_for_gib(model: LlamaModel, block_size: int, gib: float) -> int:
+    return max(1, int(gib * (1 << 30)) // kv_bytes_per_block(model, block_size))
+
+
+@dataclass
+class RequestState:
+    tokens: list[int]
+    num_prompt: int
+    block_ids: list[int]
+    num_computed: int
+    params: SamplingParams
+
+
+class TorchExecutor:
+    def __init__(
+        self,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        num_cpu_blocks: int = 0,
+        seed: int | None = None,
+        measure: bool = True,
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        dev, dt = model.device, model.dtype
+        shape = model.kv_cache_shape(num_blocks, block_size)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev))
+            for _ in range(model.config.num_layers)
+        ]
+        host_shape = model.kv_cache_shape(num_cpu_blocks, block_size)
+        pin = dev.type == "cuda"
+        self.host_caches = [
+            (
+                torch.zeros(host_shape, dtype=dt, pin_memory=pin),
+                torch.zeros(host_shape, dtype=dt, pin_memory=pin),
+            )
+            for _ in range(model.config.num_layers)
+        ] if num_cpu_blocks else []  # fmt: skip
+        self.states: dict[str, RequestState] = {}
+        self.sampler = Sampler(dev, seed)
+        self._costs = self._measure() if measure else None
+
+    # -- cost figures for preemption -------------------------------------------------------
+    def preemption_costs(self) -> PreemptionCosts | None:
+        return self._costs
+
+    def _sync(self) -> None:
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _measure(self, tokens: int = 128) -> PreemptionCosts:
+        """A warm-up prefill into scratch blocks (the KV manager has handed none out yet) and a
+        device->host copy, timed."""
+        n_blocks = min(self.num_blocks, -(-tokens // self.block_size))
+        tokens = min(tokens, n_blocks * self.block_size)
+        best = float("inf")
+        for _ in range(2):
+            probe = RequestState([1] * tokens, tokens, list(range(n_blocks)), 0, SamplingParams())
+            self._sync()
+            t0 = time.perf_counter()
+            self._forward({"probe": probe}, {"probe": tokens})
+            self._sync()
+            best = min(best, time.perf_counter() - t0)
+        k = self.kv_caches[0][0][:, :n_blocks]
+        self._sync()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            k.to("cpu", copy=True)
+        self._sync()
+        per_copy = max((time.perf_counter() - t0) / 3, 1e-9)
+        bandwidth = k.numel() * k.element_size() / per_copy
+        return PreemptionCosts(
+            kv_bytes_per_block=kv_bytes_per_block(self.model, self.block_size),
+            swap_bytes_per_s=bandwidth,
+            prefill_tokens_per_s=tokens / best,
+        )
+
+    # -- the step --------------------------------------------------------------------------
+    def _copy_blocks(self, src_caches, dst_caches, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        src_dev, dst_dev = src_caches[0][0].device, dst_caches[0][0].device
+        src = torch.tensor([p[0] for p in pairs], device=src_dev)
+        dst = torch.tensor([p[1] for p in pairs], device=dst_dev)
+        for (sk, sv), (dk, dv) in zip(src_caches, dst_caches, strict=True):
+            dk.index_copy_(1, dst, sk.index_select(1, src).to(dst_dev))
+            dv.index_copy_(1, dst, sv.index_select(1, src).to(dst_dev))
+
+    def execute(self, out: SchedulerOutput) -> ExecutorOutput:
+        for rid in out.finished_req_ids | out.preempted_req_ids:
+            self.states.pop(rid, None)
+        self._copy_blocks(self.host_caches, self.kv_caches, out.blocks_to_swap_in)
+        self._copy_blocks(self.kv_caches, self.host_caches, out.blocks_to_swap_out)
+        self._copy_blocks(self.kv_caches, self.kv_caches, out.blocks_to_copy)
+        for new in out.scheduled_new:
+            self.states[new.request_id] = RequestState(
+                list(new.token_ids),
+                new.num_prompt_tokens,
+                list(new.block_ids),
+                new.num_computed_tokens,
+                new.sampling_params,
+            )
+        for cached in out.scheduled_cached:
+            st = self.states[cached.request_id]
+            st.block_ids.extend(cached.new_block_ids)
+        if not out.num_scheduled_tokens:
+            return ExecutorOutput()
+        return self._forward(self.states, out.num_scheduled_tokens)
+
+    def _forward(
+        self, states: dict[str, RequestState], scheduled: dict[str, int]
+    ) -> ExecutorOutput:
+        batch = build_batch(states, scheduled, self.block_size, self.model.device)
+        logits = self.model.forward(
+            batch.input_ids, batch.positions, batch.meta, self.kv_caches, batch.logits_rows
+        )
+        result = ExecutorOutput()
+        for rid, n in scheduled.items():
+            states[rid].num_computed += n
+        if batch.sample_ids:
+            tokens, logprobs = self.sampler.sample(logits, batch.sample_rows)
+            for i, rid in enumerate(batch.sample_ids):
+                if not math.isfinite(logprobs[i]):
+                    result.failed[rid] = "the model produced non-finite logits"
+                    continue
+                states[rid].tokens.append(tokens[i])
+                result.sampled_token_ids[rid] = tokens[i]
+                result.logprobs[rid] = logprobs[i]
+        return result

