@@ -21,7 +21,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def loaded():
-    return load_model()
+    m = load_model()
+    m.weights = m.state_dict()  # a plain dict: each test hands LlamaModel its own copy
+    return m
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +67,7 @@ def test_logits_match_transformers_whole_chunked_and_from_cached_prefix(loaded):
     ids = loaded.tokenizer.encode_chat([{"role": "user", "content": "Name three prime numbers."}])
     with torch.no_grad():
         ref = hf_llama(cfg, loaded.weights)(torch.tensor([ids])).logits[0]
-    model = LlamaModel(cfg, loaded.weights)
+    model = LlamaModel(cfg, dict(loaded.weights))
     ex = TorchExecutor(model, num_blocks=32, block_size=16, measure=False)
     n = len(ids)
     whole = run_rows(model, ex, RequestState(list(ids), n, list(range(4)), 0, GREEDY), n)

@@ -29,6 +29,7 @@ def engine(
     parts=NO_PARTS,
     mode="recompute",
     costs=None,
+    express=False,
 ):
     clock = ManualClock()
     ex = FakeExecutor(num_blocks, block_size, cpu, costs=costs)
@@ -42,6 +43,7 @@ def engine(
             preemption_mode=mode,
             check_invariants=True,
             max_model_len=4096,
+            p0_express=express,
         ),
         PolicyConfig(name=policy),
     )
@@ -255,3 +257,37 @@ def test_duplicate_request_id_is_refused():
     eng.add_request(r)
     with pytest.raises(ValueError, match="already in the engine"):
         eng.add_request(r)
+
+
+def test_p0_express_step_runs_p0_alone_then_everyone_resumes():
+    eng, clock = engine(num_blocks=64, express=True)
+    bg = [make_request(8, P3, max_tokens=30) for _ in range(3)]
+    for r in bg:
+        eng.add_request(r)
+    step(eng, clock)
+    rt = make_request(8, P0, max_tokens=5)
+    eng.add_request(rt)
+    out_before = [r.num_output_tokens for r in bg]
+    step(eng, clock)
+    assert rt.num_output_tokens == 1
+    assert [r.num_output_tokens for r in bg] == out_before  # they sat this step out
+    assert all(r.status == S.RUNNING for r in bg)  # and kept their memory
+    step(eng, clock)
+    assert [r.num_output_tokens for r in bg] == [n + 1 for n in out_before]
+    # Another P0 right away: no second express step within the gap, it joins a normal step.
+    rt2 = make_request(8, P0, max_tokens=5)
+    eng.add_request(rt2)
+    step(eng, clock)
+    assert rt2.num_output_tokens == 1
+    assert [r.num_output_tokens for r in bg] == [n + 2 for n in out_before]
+    assert eng.scheduler.express_steps == 1
+
+
+def test_express_steps_are_for_policies_that_serve_p0_strictly():
+    eng, clock = engine(num_blocks=64, express=True, policy="drr")
+    bg = make_request(8, P3, max_tokens=30)
+    eng.add_request(bg)
+    step(eng, clock)
+    eng.add_request(make_request(8, P0, max_tokens=5))
+    step(eng, clock)
+    assert eng.scheduler.express_steps == 0

@@ -40,8 +40,15 @@ def _bench_engine(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    print("tierserve serve: the HTTP server is not built yet; the KV cache layer is.")
-    return 0
+    from tierserve.serve_cli import build_configs, merged_options
+    from tierserve.server import serve
+
+    try:
+        engine_args, settings = build_configs(merged_options(args))
+    except (ValueError, TypeError) as exc:
+        print(f"tierserve serve: {exc}", file=sys.stderr)
+        return 2
+    return serve(engine_args, settings)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,9 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    from tierserve.serve_cli import add_serve_arguments
+
+    s = sub.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a model over an OpenAI-compatible HTTP API with priority tiers.",
+    )
+    add_serve_arguments(s)
     s.set_defaults(func=_serve)
 
     b = sub.add_parser("bench-kv", help="micro-benchmark the KV cache manager")

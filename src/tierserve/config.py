@@ -186,6 +186,10 @@ class SchedulerConfig:
     # "auto": swap when moving KV out and back costs less than `swap_cost_ratio` x recompute.
     preemption_mode: str = "auto"
     swap_cost_ratio: float = 0.3
+    # P0 express step: when a P0 request waits, the next step runs P0 work only (others keep
+    # their memory and skip that step), at most once every `p0_express_min_gap` steps.
+    p0_express: bool = True
+    p0_express_min_gap: int = 3
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
@@ -195,6 +199,7 @@ class SchedulerConfig:
             "max_model_len",
             "long_prefill_threshold",
             "long_prefill_max_tokens",
+            "p0_express_min_gap",
         ):
             v = getattr(self, name)
             _check(isinstance(v, int) and v > 0, f"{name} must be a positive integer, got {v!r}")

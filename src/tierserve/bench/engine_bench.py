@@ -146,7 +146,7 @@ def run_engine_bench(
     built = build_engine(EngineArgs(kv_cache_gib=1.0, max_num_seqs=max(concurrencies),
                                     max_num_batched_tokens=2048, dtype=dtype))  # fmt: skip
     rows = []
-    hf = build_hf(built, load_model().weights) if with_transformers else None
+    hf = build_hf(built, load_model().state_dict()) if with_transformers else None
     for n in concurrencies:
         rows.append(run_tierserve(built, n, rounds, prompt_len, out_len))
         if hf is not None:

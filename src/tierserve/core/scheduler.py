@@ -76,8 +76,12 @@ class Scheduler:
         self._waiting_tokens = [0] * NUM_PRIORITIES
         self.preemptions = PreemptionCounts()
         self._victim_class = [0] * NUM_PRIORITIES
+        # (victim's submitted class, "swap" | "recompute") since the last drain, for observers.
+        self.preemption_events: list[tuple[Priority, str]] = []
         self.on_dequeue = None  # optional callback(request) when a request leaves the queue
         self._changed: list[Request] = []  # finished inside schedule(), reported with the step
+        self._last_express = -(10**9)
+        self.express_steps = 0
 
     # -- intake ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -121,9 +125,11 @@ class Scheduler:
         self._step += 1
         plan.out.finished_req_ids = self._forget
         self._forget = set()
-        self._swap_in(plan)
-        self._schedule_running(plan)
-        self._admit_waiting(plan, now)
+        express = self._express_step()
+        if not express:
+            self._swap_in(plan)
+        self._schedule_running(plan, only_p0=express)
+        self._admit_waiting(plan, now, only_p0=express)
         out = plan.build(self.running, self.kv, self._known)
         if self.config.check_invariants:
             self.check_invariants(out)
@@ -159,7 +165,19 @@ class Scheduler:
             plan.swap_in(req, mapping)
             self.preemptions.swapped_in_blocks += len(mapping)
 
-    def _schedule_running(self, plan: StepPlan) -> None:
+    def _express_step(self) -> bool:
+        """A P0 request is waiting: run a step of P0 work only, so its first token does not
+        wait for everyone else's decode (rate-limited so the others cannot starve)."""
+        cfg = self.config
+        if not (cfg.p0_express and self.policy.p0_strict) or self._waiting_count[Priority.P0] == 0:
+            return False
+        if self._step - self._last_express <= cfg.p0_express_min_gap:
+            return False
+        self._last_express = self._step
+        self.express_steps += 1
+        return True
+
+    def _schedule_running(self, plan: StepPlan, only_p0: bool = False) -> None:
         # Tokens waiting in each class and all more urgent ones: a running request's prefill
         # chunk leaves that much budget to the waiting requests that outrank it, so a P0 arrival
         # is not stuck behind a long P2 prompt. Decode steps (one token) are never held back.
@@ -167,6 +185,8 @@ class Scheduler:
         for req in sorted(self.running.values(), key=rank):
             if req.request_id not in self.running or plan.budget <= 0:
                 continue
+            if only_p0 and req.priority != Priority.P0:
+                break  # ranked by class: everyone after this is lower
             n = self._tokens_for(req, plan.budget)
             if n > 1:
                 n = min(n, max(1, plan.budget - ahead[req.priority]))
@@ -187,10 +207,10 @@ class Scheduler:
                 else:
                     self._preempt(req, plan)
 
-    def _admit_waiting(self, plan: StepPlan, now: float) -> None:
+    def _admit_waiting(self, plan: StepPlan, now: float, only_p0: bool = False) -> None:
         while plan.budget > 0:
             req = self.policy.peek(self._state(now))
-            if req is None:
+            if req is None or (only_p0 and req.priority != Priority.P0):
                 break
             computed = self.kv.get_computed_blocks(req)
             n = self._tokens_for(req, plan.budget, computed.num_tokens)
@@ -265,6 +285,9 @@ class Scheduler:
         victim.num_preemptions += 1
         self._victim_class[victim.priority] += 1
         self.preemptions.by_victim_class = tuple(self._victim_class)
+        self.preemption_events.append(
+            (victim.base_priority, "swap" if mapping is not None else "recompute")
+        )
         if mapping is not None:
             victim.transition(S.SWAPPED)
             self.swapped[rid] = victim

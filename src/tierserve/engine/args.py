@@ -20,13 +20,17 @@ class EngineArgs:
     dtype: str | None = None  # None: bfloat16 on cuda, float32 on cpu
     kv_cache_gib: float = 1.0
     num_kv_blocks: int | None = None  # overrides kv_cache_gib
-    swap_space_gib: float = 0.25
+    # Host swap space for preempted KV. None: 4 GiB on CUDA, none on the CPU (there the device
+    # pool and host memory are the same RAM, so swap space would only be more KV memory).
+    swap_space_gib: float | None = None
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
     preemption_mode: str = "auto"
+    swap_cost_ratio: float = 0.3
+    p0_express: bool = True
     seed: int | None = None
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -37,7 +41,7 @@ class EngineArgs:
     def __post_init__(self) -> None:
         if self.kv_cache_gib <= 0 and self.num_kv_blocks is None:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
-        if self.swap_space_gib < 0:
+        if self.swap_space_gib is not None and self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must not be negative, got {self.swap_space_gib}")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

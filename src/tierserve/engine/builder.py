@@ -39,7 +39,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
     device = args.device or default_device()
     dtype = _DTYPES[args.dtype] if args.dtype else default_dtype(device)
     model = LlamaModel(loaded.config, loaded.weights, device, dtype)
-    loaded.weights = {}  # the model holds what it needs (fused copies or the same tensors)
+    loaded.weights = {}  # the model took what it needs
     num_blocks = args.num_kv_blocks or blocks_for_gib(model, args.block_size, args.kv_cache_gib)
     num_cpu = (
         blocks_for_gib(model, args.block_size, args.swap_space_gib) if args.swap_space_gib else 0
@@ -64,6 +64,8 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=max_len,
             preemption_mode=args.preemption_mode,
+            swap_cost_ratio=args.swap_cost_ratio,
+            p0_express=args.p0_express,
         ),
         args.policy,
         args.priorities,

@@ -40,6 +40,8 @@ class StepStats:
     waiting: int
     swapped: int
     kv_usage: float
+    # (victim's submitted class, "swap" | "recompute") for each preemption in this step.
+    preemptions: tuple = ()
 
 
 class EngineCore:
@@ -103,6 +105,7 @@ class EngineCore:
         before = s.preemptions
         swap0, rec0 = before.swap, before.recompute
         in0, out0 = before.swapped_in_blocks, before.swapped_out_blocks
+        s.preemption_events.clear()
         t0 = time.perf_counter()
         out = s.schedule()
         t1 = time.perf_counter()
@@ -143,6 +146,7 @@ class EngineCore:
             waiting=s.num_waiting,
             swapped=len(s.swapped),
             kv_usage=s.kv.usage(),
+            preemptions=tuple(s.preemption_events),
         )
         for fn in self._listeners:
             fn(self.last_stats, changed)

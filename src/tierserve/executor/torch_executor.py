@@ -12,6 +12,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
@@ -28,6 +29,16 @@ def default_device() -> str:
 
 def default_dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zero-filled cache memory. On the CPU it comes from calloc (via numpy), whose large
+    allocations are fresh zero pages: a 1 GiB KV cache costs resident memory only as it fills.
+    (Zeros, not garbage, matter: masked attention slots are multiplied by 0, and 0 x NaN = NaN.)"""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
 def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
@@ -64,20 +75,17 @@ class TorchExecutor:
         self.num_blocks = num_blocks
         dev, dt = model.device, model.dtype
         shape = model.kv_cache_shape(num_blocks, block_size)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev))
-            for _ in range(model.config.num_layers)
-        ]
-        host_shape = model.kv_cache_shape(num_cpu_blocks, block_size)
-        pin = dev.type == "cuda"
-        self.host_caches = [
-            (
-                torch.zeros(host_shape, dtype=dt, pin_memory=pin),
-                torch.zeros(host_shape, dtype=dt, pin_memory=pin),
-            )
-            for _ in range(model.config.num_layers)
-        ] if num_cpu_blocks else []  # fmt: skip
+        layers = model.config.num_layers
+        self.kv_caches = [(zeros(shape, dt, dev), zeros(shape, dt, dev)) for _ in range(layers)]
+        host = model.kv_cache_shape(num_cpu_blocks, block_size)
+        cpu = torch.device("cpu")
+        self.host_caches = (
+            [(zeros(host, dt, cpu), zeros(host, dt, cpu)) for _ in range(layers)]
+            if num_cpu_blocks
+            else []
+        )
         self.states: dict[str, RequestState] = {}
+        self.last_swap_seconds = (0.0, 0.0)  # (in, out) copy time of the last step
         self.sampler = Sampler(dev, seed)
         self._costs = self._measure() if measure else None
 
@@ -127,11 +135,21 @@ class TorchExecutor:
             dk.index_copy_(1, dst, sk.index_select(1, src).to(dst_dev))
             dv.index_copy_(1, dst, sv.index_select(1, src).to(dst_dev))
 
+    def _timed_copy(self, src_caches, dst_caches, pairs: list[tuple[int, int]]) -> float:
+        if not pairs:
+            return 0.0
+        t0 = time.perf_counter()
+        self._copy_blocks(src_caches, dst_caches, pairs)
+        self._sync()
+        return time.perf_counter() - t0
+
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
         for rid in out.finished_req_ids | out.preempted_req_ids:
             self.states.pop(rid, None)
-        self._copy_blocks(self.host_caches, self.kv_caches, out.blocks_to_swap_in)
-        self._copy_blocks(self.kv_caches, self.host_caches, out.blocks_to_swap_out)
+        self.last_swap_seconds = (
+            self._timed_copy(self.host_caches, self.kv_caches, out.blocks_to_swap_in),
+            self._timed_copy(self.kv_caches, self.host_caches, out.blocks_to_swap_out),
+        )
         self._copy_blocks(self.kv_caches, self.kv_caches, out.blocks_to_copy)
         for new in out.scheduled_new:
             self.states[new.request_id] = RequestState(

@@ -41,7 +41,7 @@ class LlamaModel:
     def __init__(
         self,
         config: ModelConfig,
-        weights: dict[str, torch.Tensor],
+        weights,  # dict or LazyWeights; tensors are popped (taken over) as they are used
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
@@ -50,16 +50,17 @@ class LlamaModel:
         self.dtype = dtype
 
         def w(name: str) -> torch.Tensor:
+            # Take ownership (pop) so the source's copy can be freed as the model is built.
             if name not in weights:
                 raise KeyError(f"weight {name!r} missing from the checkpoint")
-            return weights[name].to(self.device, dtype)
+            return weights.pop(name).to(self.device, dtype)
 
         self.embed = w("model.embed_tokens.weight")
         self.norm = w("model.norm.weight")
-        if config.tie_word_embeddings or "lm_head.weight" not in weights:
-            self.lm_head = self.embed
-        else:
+        if "lm_head.weight" in weights and not config.tie_word_embeddings:
             self.lm_head = w("lm_head.weight")
+        else:
+            self.lm_head = self.embed
         self.layers = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."

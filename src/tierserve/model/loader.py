@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from tierserve.model.config import ModelConfig
 from tierserve.model.tokenizer import ChatTokenizer
@@ -27,12 +28,46 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+class LazyWeights:
+    """Tensors read one at a time from safetensors files, so that building the model never
+    holds two full copies of the weights. ``pop`` hands a tensor over for good."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self._where: dict[str, Path] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as h:
+                for k in h.keys():  # noqa: SIM118 (safe_open handles are not mappings)
+                    self._where[k] = f
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def keys(self):
+        return self._where.keys()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        with safe_open(str(self._where[name]), framework="pt") as h:
+            return h.get_tensor(name)
+
+    def pop(self, name: str) -> torch.Tensor:
+        t = self[name]
+        del self._where[name]
+        return t
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
 @dataclass
 class LoadedModel:
     config: ModelConfig
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor] | LazyWeights
     tokenizer: ChatTokenizer
     source: str
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """All weights as a plain dict (e.g. for a transformers reference model)."""
+        return {k: self.weights[k] for k in list(self.weights.keys())}
 
 
 class ModelNotFound(FileNotFoundError):
@@ -70,7 +105,7 @@ def _load_gguf_cached(path: Path) -> LoadedModel:
         config = ModelConfig.from_dict(json.loads((folder / "config.json").read_text()))
         return LoadedModel(
             config,
-            load_file(str(folder / "model.safetensors")),
+            LazyWeights([folder / "model.safetensors"]),
             ChatTokenizer.load(folder),
             str(path),
         )

@@ -44,6 +44,8 @@ def arrival_key(request: Request) -> tuple[float, int]:
 
 class Policy(ABC):
     name: str = ""
+    # Whether a waiting P0 request is always served before any other class.
+    p0_strict: bool = False
 
     def __init__(self, config: PolicyConfig, priorities: PriorityConfig | None = None) -> None:
         self.config = config

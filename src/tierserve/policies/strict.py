@@ -8,6 +8,8 @@ from tierserve.policies.registry import register_policy
 
 @register_policy("strict")
 class StrictPolicy(ClassedPolicy):
+    p0_strict = True
+
     def _choose(self, state: SchedulerState) -> tuple | None:
         for c, q in enumerate(self.queues):
             if len(q):

@@ -71,6 +71,7 @@ class HybridPolicy(_SFQPolicy):
     nothing else waits and seats are idle, and it ages into P2 so it never starves. Aging stops
     at P1: realtime capacity is not handed to traffic that was not sent as realtime."""
 
+    p0_strict = True
     strict_classes = frozenset({int(Priority.P0)})
     best_effort_classes = frozenset({int(Priority.P3)})
     top_promotion_class = Priority.P1

@@ -1,0 +1,67 @@
+"""Peak RSS of `tierserve serve` (default model, 1 GiB KV cache) with the KV cache driven full.
+
+Starts the server, floods it with long concurrent completions until the KV cache has been full
+(preemptions happen), then prints the server's peak resident memory (VmHWM). Run:
+
+    .venv/bin/python benchmarks/serve_peak_memory.py
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+PORT = int(os.environ.get("PORT", "8131"))
+URL = f"http://127.0.0.1:{PORT}"
+
+
+def status(pid: int, key: str) -> int:
+    text = open(f"/proc/{pid}/status").read()
+    return int(re.search(rf"{key}:\s+(\d+)", text).group(1)) // 1024
+
+
+def main() -> int:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tierserve", "serve", "--port", str(PORT), "--kv-cache-gib", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for _ in range(120):
+            try:
+                if httpx.get(f"{URL}/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        print(f"ready: RSS {status(proc.pid, 'VmRSS')} MiB")
+        story = "Write a very long story about a dragon and a knight. " * 40  # ~480 tokens
+        max_tokens = int(os.environ.get("MAX_TOKENS", "600"))
+
+        def one(i):
+            # A distinct first block per request: no prefix sharing, the KV really fills.
+            body = {"prompt": f"Story number {i}. {story}", "max_tokens": max_tokens,
+                    "ignore_eos": True, "temperature": 0}  # fmt: skip
+            return httpx.post(f"{URL}/v1/completions", json=body, timeout=900).status_code
+
+        with cf.ThreadPoolExecutor(48) as pool:
+            codes = list(pool.map(one, range(48)))
+        metrics = httpx.get(f"{URL}/metrics").text
+        pre = sum(float(v) for v in re.findall(r"llm_preemption_total\{[^}]*\} (\S+)", metrics))
+        print(f"48 requests x ~{480 + max_tokens} tokens (KV holds ~23k): codes {sorted(set(codes))}, "
+              f"preemptions {pre:.0f}")  # fmt: skip
+        print(f"peak RSS (VmHWM) {status(proc.pid, 'VmHWM')} MiB; now {status(proc.pid, 'VmRSS')} MiB")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The HTTP face: an OpenAI-compatible API with tiers, tenants, admission control and metrics."""

@@ -1,0 +1,46 @@
+"""OpenAI-style error responses."""
+
+from __future__ import annotations
+
+import math
+
+from fastapi.responses import JSONResponse
+
+from tierserve.admission import Decision
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = (
+            status, message, kind, param, code,
+        )  # fmt: skip
+
+
+def error_response(err: APIError) -> JSONResponse:
+    body = {"error": {"message": err.message, "type": err.kind, "param": err.param,
+                      "code": err.code}}  # fmt: skip
+    return JSONResponse(body, status_code=err.status)
+
+
+def retry_after_header(seconds: float | None) -> str:
+    return str(max(1, math.ceil(seconds or 1.0)))
+
+
+def admission_response(d: Decision) -> JSONResponse:
+    """503 (capacity) or 429 (rate limit) with Retry-After, or 400 for a request that could
+    never pass the rate limit."""
+    if d.status == 400:
+        return error_response(APIError(400, d.reason, "invalid_request_error"))
+    body = {
+        "error": {
+            "type": d.error_type,
+            "message": d.reason,
+            "retry_after": d.retry_after_s,
+            "current_queue_depth": d.queue_depth,
+            "priority": d.priority.label.lower(),
+        }
+    }
+    headers = {"Retry-After": retry_after_header(d.retry_after_s)}
+    return JSONResponse(body, status_code=d.status, headers=headers)

@@ -1,0 +1,18 @@
+"""Server settings that are not engine settings (numbers and paths only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_names: tuple[str, ...] = ("SmolLM2-135M-Instruct",)
+    api_key: str | None = None
+    tenants_file: str | None = None
+    max_request_bytes: int = 4 << 20
+    default_max_tokens: int = 512
+    shutdown_grace_s: float = 10.0
+    log_level: str = "info"

@@ -1,0 +1,143 @@
+"""Everything a request handler needs, built once per server, and the request preparation that
+chat and completions share: authentication, priority, context checks, admission, Requests."""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse
+
+from tierserve.admission import AdmissionController
+from tierserve.api.errors import APIError, admission_response
+from tierserve.api.protocol import _Common
+from tierserve.api.settings import ServerSettings
+from tierserve.api.tenancy import AuthError, BadPriority, Resolution, TenantRegistry
+from tierserve.engine.async_engine import AsyncEngine
+from tierserve.metrics import Metrics
+from tierserve.model.tokenizer import ChatTokenizer
+from tierserve.priority import VALID_TIER_NAMES
+from tierserve.request import Request
+from tierserve.sampling_params import SamplingParams
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    tokenizer: ChatTokenizer
+    admission: AdmissionController
+    tenants: TenantRegistry
+    metrics: Metrics
+    settings: ServerSettings
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    block_size: int
+    class_capacity_blocks: tuple[int, ...]
+    draining: bool = False
+    started: float = field(default_factory=time.time)
+    _ids: itertools.count = field(default_factory=itertools.count)
+
+
+@dataclass
+class Prepared:
+    resolution: Resolution
+    requests: list[Request]
+    headers: dict[str, str]
+    request_id: str
+    streams: list = field(default_factory=list)
+
+
+def _sampling(body: _Common, max_tokens: int, eos: tuple[int, ...], seed_offset: int):
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            min_p=body.min_p,
+            seed=None if body.seed is None else body.seed + seed_offset,
+            stop=tuple(body.stop or ()),
+            stop_token_ids=tuple(eos[1:]),
+            ignore_eos=body.ignore_eos,
+            logprobs=bool(getattr(body, "logprobs", False)),
+        )
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
+
+
+def prepare(
+    state: ServerState,
+    http: HTTPRequest,
+    body: _Common,
+    prompt_ids: list[int],
+    max_tokens: int | None,
+    prefix: str,
+) -> Prepared | JSONResponse:
+    """Validate and admit a request; return its engine Requests, or a refusal response."""
+    if state.draining:
+        raise APIError(503, "the server is shutting down", "resource_exhausted")
+    if body.model is not None and body.model not in state.settings.served_model_names:
+        raise APIError(404, f"the model {body.model!r} does not exist; served: "
+                       f"{', '.join(state.settings.served_model_names)}",
+                       "invalid_request_error", "model", "model_not_found")  # fmt: skip
+    try:
+        tenant = state.tenants.authenticate(
+            http.headers.get("authorization"), http.headers.get("x-tenant-id")
+        )
+    except AuthError as exc:
+        raise APIError(401, str(exc), "authentication_error") from None
+    try:
+        res = state.tenants.resolve(tenant, http.headers.get("x-request-tier"), body.priority)
+    except BadPriority as exc:
+        raise APIError(400, f"{exc} (valid tiers: {', '.join(VALID_TIER_NAMES)}; body "
+                       "priority: 0..3)", param="priority") from None  # fmt: skip
+    n_prompt, limit = len(prompt_ids), state.max_model_len
+    if n_prompt >= limit:
+        raise APIError(400, f"the prompt has {n_prompt} tokens; the model's context is {limit} "
+                       "tokens (prompt + completion)", param="messages")  # fmt: skip
+    if max_tokens is None:
+        max_tokens = min(state.settings.default_max_tokens, limit - n_prompt)
+    elif n_prompt + max_tokens > limit:
+        raise APIError(400, f"the model's context is {limit} tokens, but {n_prompt + max_tokens} "
+                       f"were requested ({n_prompt} in the prompt, {max_tokens} for the "
+                       "completion)", param="max_tokens")  # fmt: skip
+    need = -(-(n_prompt + 1) // state.block_size)
+    cap = state.class_capacity_blocks[res.priority]
+    if need > cap:
+        raise APIError(400, f"the prompt needs {need} KV blocks; the cache holds at most {cap} "
+                       f"for a {res.priority.tier} request")  # fmt: skip
+    decision = state.admission.decide(res.priority, tenant.name, (n_prompt + max_tokens) * body.n)
+    if not decision.admitted:
+        state.metrics.on_rejected(decision.error_type or "invalid_request", res.priority)
+        return admission_response(decision)
+    if decision.shed_request_id is not None:
+        state.engine.fail(decision.shed_request_id, "shed: the queue was full and a realtime "
+                          "(P0) request took its place; retry later")  # fmt: skip
+    now = state.engine.core.clock.now()
+    rid = f"{prefix}-{uuid.uuid4().hex[:16]}"
+    deadline = now + body.sla_latency_ms / 1000 if body.sla_latency_ms else None
+    reqs = []
+    for i in range(body.n):
+        reqs.append(
+            Request(
+                f"{rid}-{i}",
+                list(prompt_ids),
+                _sampling(body, max_tokens, state.eos_token_ids, i),
+                priority=res.priority,
+                tenant=tenant.name,
+                arrival_time=now,
+                deadline=deadline,
+                cache_salt=tenant.cache_salt,
+                eos_token_id=state.eos_token_ids[0] if state.eos_token_ids else None,
+            )
+        )
+    headers = {"x-tierserve-priority": res.priority.label.lower(), "x-request-id": rid}
+    if res.clamped:
+        headers["x-tierserve-priority-clamped"] = "true"
+    # Submitted in the same event-loop turn as the admission decision, so the next decision
+    # already counts these requests.
+    streams = [state.engine.submit(r) for r in reqs]
+    return Prepared(res, reqs, headers, rid, streams)

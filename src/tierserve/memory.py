@@ -1,0 +1,30 @@
+"""Process memory settings for a long-running server on glibc.
+
+glibc raises its mmap threshold dynamically once a large block is freed, after which blocks up
+to 32 MiB come from the heap, which rarely shrinks. The engine allocates and frees buffers of
+varying sizes in the tens of MiB every step (gathered KV contexts, prefill activations), so the
+heap ratchets up. Fixing the threshold at 4 MiB keeps such buffers in mmap'ed memory that is
+returned to the system on free. Measured with benchmarks/serve_peak_memory.py (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+M_MMAP_THRESHOLD = -3
+
+
+def fix_mmap_threshold(nbytes: int = 4 << 20) -> bool:
+    """Return True when the setting was applied (glibc on Linux), False elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, ctypes.c_int(nbytes)))
+    except (OSError, AttributeError):
+        return False

@@ -1,0 +1,168 @@
+"""`tierserve serve` options: a flag for every engine, cache, policy and server setting (named as
+vLLM users know them where one exists), and `--config FILE` (YAML, same names with underscores)
+for all of them at once. Explicit flags override the file; the file overrides the defaults."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+from tierserve.api.settings import ServerSettings
+from tierserve.config import (
+    AdmissionConfig,
+    BucketConfig,
+    PartitionConfig,
+    PolicyConfig,
+    PriorityConfig,
+)
+from tierserve.engine.args import EngineArgs
+from tierserve.model.loader import DEFAULT_MODEL_NAME
+from tierserve.priority import parse_priority
+
+
+def size(text: str) -> int | float:
+    """A partition size: '0.2' is a fraction of the pool, '128' a block count."""
+    return float(text) if any(c in str(text) for c in ".eE") else int(text)
+
+
+def sla(text: str) -> float | None:
+    return None if str(text).lower() in ("none", "null", "-") else float(text)
+
+
+# (flag, type, nargs, help); every default is None so that the config file can fill it in.
+OPTIONS = [
+    ("--model", str, None, "GGUF file or Hugging Face folder (default: embedded SmolLM2-135M)"),
+    ("--served-model-name", str, "+", "name(s) clients use in `model` (default: the model's)"),
+    ("--host", str, None, "address to listen on (default 127.0.0.1)"),
+    ("--port", int, None, "port (default 8000)"),
+    ("--device", str, None, "cpu or cuda (default: cuda if present)"),
+    ("--dtype", str, None, "float32 | bfloat16 | float16 (default: float32 on cpu, bf16 on cuda)"),
+    ("--policy", str, None, "fcfs | strict | drr | wfq | hybrid (default hybrid)"),
+    ("--max-num-seqs", int, None, "most requests running at once (default 64)"),
+    ("--max-num-batched-tokens", int, None, "token budget per step (default 2048)"),
+    ("--max-model-len", int, None, "context length cap (default: the model's)"),
+    ("--block-size", int, None, "tokens per KV block (default 16)"),
+    ("--kv-cache-gib", float, None, "KV cache memory budget in GiB (default 1.0)"),
+    ("--num-kv-blocks", int, None, "KV cache size in blocks (overrides --kv-cache-gib)"),
+    (
+        "--swap-space-gib",
+        float,
+        None,
+        "host swap space for preempted KV in GiB (default: 4 on cuda, 0 on cpu)",
+    ),
+    ("--preemption-mode", str, None, "auto | swap | recompute (default auto: by cost)"),
+    ("--swap-cost-ratio", float, None, "auto swaps when swap < ratio x recompute (0.3)"),
+    ("--p0-floor-min", size, None, "P0 hard floor, lower bound (fraction or blocks; 0.02)"),
+    ("--p0-floor-max", size, None, "P0 hard floor, upper bound (0.10)"),
+    ("--p0-ceiling", size, None, "most KV memory P0 may use (0.60)"),
+    ("--p1-reserve", size, None, "P1 elastic reservation (0.20)"),
+    ("--borrowers", str, "+", "classes that may borrow the idle P1 reservation (p3)"),
+    ("--ttft-sla", sla, 4, "TTFT SLA per class in seconds, 'none' for none (0.5 5 60 none)"),
+    ("--drr-weights", float, 4, "DRR weights P0..P3 (8 4 2 1)"),
+    ("--wfq-weights", float, 4, "WFQ weights P0..P3 (16 8 4 2)"),
+    ("--aging-thresholds", sla, 4, "seconds before promotion P0..P3 (none 30 15 5)"),
+    ("--tenants", str, None, "tenants file (YAML): keys, entitlements, rate limits"),
+    ("--api-key", str, None, "single-key mode: require this Bearer key"),
+    ("--max-queued-requests", int, 4, "queue limit per class P0..P3"),
+    ("--max-queued-tokens", int, 4, "queued-token limit per class P0..P3"),
+    ("--rate-limit", float, None, "global token bucket rate (prompt+max_tokens per second)"),
+    ("--burst", float, None, "global token bucket burst"),
+    ("--tenant-rate-limit", float, None, "default per-tenant bucket rate"),
+    ("--tenant-burst", float, None, "default per-tenant bucket burst"),
+    ("--default-max-tokens", int, None, "max_tokens when a request gives none (512)"),
+    ("--max-request-bytes", int, None, "largest accepted request body (4 MiB)"),
+    ("--shutdown-grace-s", float, None, "on SIGTERM, seconds for in-flight requests (10)"),
+    ("--seed", int, None, "sampler seed for unseeded requests"),
+    ("--log-level", str, None, "debug | info | warning (info)"),
+]
+SWITCHES = [
+    ("--no-prefix-caching", "disable prefix caching"),
+    ("--no-adaptive-floor", "keep the P0 floor at its max instead of following P0 demand"),
+    ("--no-aging", "disable aging (promotion of long-waiting requests)"),
+    ("--no-tenant-fairness", "disable per-tenant fairness inside a class"),
+    ("--reject-on-sla-miss", "reject early requests whose class SLA cannot be met"),
+    ("--no-shed", "do not shed lower-class waiters when the P0 queue is full"),
+    ("--no-p0-express", "no P0-only step when a realtime request arrives"),
+]
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file with any of these settings (underscored names)")
+    for flag, typ, nargs, text in OPTIONS:
+        p.add_argument(flag, type=typ, nargs=nargs, default=None, help=text)
+    for flag, text in SWITCHES:
+        p.add_argument(flag, action="store_true", default=None, help=text)
+
+
+def merged_options(ns: argparse.Namespace) -> dict:
+    opts: dict = {}
+    if ns.config:
+        data = yaml.safe_load(Path(ns.config).read_text()) or {}
+        known = {f[0][2:].replace("-", "_") for f in OPTIONS + SWITCHES}
+        for k, v in data.items():
+            key = k.replace("-", "_")
+            if key not in known:
+                raise ValueError(f"{ns.config}: unknown setting {k!r}")
+            opts[key] = v
+    for k, v in vars(ns).items():
+        if v is not None and k not in ("config", "func", "command"):
+            opts[k] = v
+    return opts
+
+
+def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
+    def pick(obj_defaults, mapping: dict) -> dict:
+        return {field: opts[key] for key, field in mapping.items() if key in opts}
+
+    part_kw = pick(PartitionConfig, {k: k for k in (
+        "p0_floor_min", "p0_floor_max", "p0_ceiling", "p1_reserve")})  # fmt: skip
+    if "borrowers" in opts:
+        part_kw["borrowers"] = tuple(parse_priority(b) for b in opts["borrowers"])
+    if opts.get("no_adaptive_floor"):
+        part_kw["adaptive"] = False
+    pol_kw = {"name": opts.get("policy", "hybrid")}
+    for key, field in (("drr_weights", "drr_weights"), ("wfq_weights", "wfq_weights"),
+                       ("aging_thresholds", "aging_thresholds_s")):  # fmt: skip
+        if key in opts:
+            pol_kw[field] = tuple(opts[key])
+    pol_kw["aging"] = not opts.get("no_aging", False)
+    pol_kw["tenant_fairness"] = not opts.get("no_tenant_fairness", False)
+    adm_kw: dict = {}
+    if "rate_limit" in opts:
+        adm_kw["global_bucket"] = BucketConfig(
+            opts["rate_limit"], opts.get("burst", opts["rate_limit"])
+        )
+    if "tenant_rate_limit" in opts:
+        r = opts["tenant_rate_limit"]
+        adm_kw["tenant_bucket"] = BucketConfig(r, opts.get("tenant_burst", r))
+    for key in ("max_queued_requests", "max_queued_tokens"):
+        if key in opts:
+            adm_kw[key] = tuple(opts[key])
+    adm_kw["reject_on_sla_miss"] = bool(opts.get("reject_on_sla_miss", False))
+    adm_kw["shed_for_p0"] = not opts.get("no_shed", False)
+    prio_kw = {"ttft_sla_s": tuple(opts["ttft_sla"])} if "ttft_sla" in opts else {}
+    eng_kw = {k: opts[k] for k in (
+        "model", "device", "dtype", "kv_cache_gib", "num_kv_blocks", "swap_space_gib",
+        "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+        "preemption_mode", "swap_cost_ratio", "seed") if k in opts}  # fmt: skip
+    args = EngineArgs(
+        **eng_kw,
+        enable_prefix_caching=not opts.get("no_prefix_caching", False),
+        p0_express=not opts.get("no_p0_express", False),
+        partitions=PartitionConfig(**part_kw),
+        policy=PolicyConfig(**pol_kw),
+        priorities=PriorityConfig(**prio_kw),
+        admission=AdmissionConfig(**adm_kw),
+    )
+    names = opts.get("served_model_name") or [
+        Path(opts["model"]).stem if opts.get("model") else DEFAULT_MODEL_NAME
+    ]
+    server_keys = ("host", "port", "default_max_tokens", "max_request_bytes",
+                   "shutdown_grace_s", "log_level", "api_key")  # fmt: skip
+    srv_kw = {k: opts[k] for k in server_keys if k in opts}
+    settings = ServerSettings(
+        **srv_kw, served_model_names=tuple(names), tenants_file=opts.get("tenants")
+    )
+    return args, settings

@@ -1,0 +1,61 @@
+"""Run a real uvicorn server with the embedded model on a loopback port, in a thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+
+import httpx
+import uvicorn
+
+from tierserve.api.app import create_app
+from tierserve.api.settings import ServerSettings
+from tierserve.engine.args import EngineArgs
+from tierserve.engine.builder import BuiltEngine
+from tierserve.server import build_state
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_server(built: BuiltEngine, settings: ServerSettings | None = None, **admission):
+    """Serve `built` (its engine is reused between servers) with the given settings and
+    admission overrides; yield (base_url, state)."""
+    args = built.args
+    if admission:
+        args = replace(args, admission=replace(args.admission, **admission))
+    settings = replace(settings or ServerSettings(), port=free_port())
+    state = build_state(args, settings, built)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(state), host="127.0.0.1", port=settings.port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{settings.port}"
+    for _ in range(200):
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    try:
+        yield url, state
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        # The next server reuses this engine: it must be empty.
+        assert not built.engine.has_unfinished(), "requests left in the engine"
+
+
+def small_engine_args(**kw) -> EngineArgs:
+    base = dict(kv_cache_gib=0.25, max_num_seqs=32, max_num_batched_tokens=1024, seed=0)
+    base.update(kw)
+    return EngineArgs(**base)

@@ -1,0 +1,389 @@
+"""End-to-end tests against a real uvicorn server on a loopback port with the embedded model,
+driven by the official `openai` client and by httpx."""
+
+import asyncio
+import statistics
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server_utils import running_server, small_engine_args
+from tierserve.api.settings import ServerSettings
+from tierserve.engine.builder import build_engine
+
+pytestmark = pytest.mark.model
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def shared_engine():
+    return build_engine(small_engine_args())
+
+
+@pytest.fixture(scope="module")
+def server(shared_engine):
+    """One long-lived server for the tests that need no special settings."""
+    with running_server(shared_engine) as (url, state):
+        yield url, state
+
+
+@pytest.fixture(scope="module")
+def built():
+    """A second engine for servers with their own settings: they run one at a time, never
+    beside `server` (one engine thread per EngineCore). Few seats, so queues really form."""
+    return build_engine(small_engine_args(max_num_seqs=8))
+
+
+def client(url, key="none"):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+
+def ask(text):
+    return [{"role": "user", "content": text}]
+
+
+# -- the OpenAI surface ------------------------------------------------------------------------
+
+
+def test_chat_completion_with_the_official_client(server):
+    url, _ = server
+    r = client(url).chat.completions.create(
+        model=MODEL, messages=ask("What is the capital of France?"), temperature=0, max_tokens=30
+    )
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens > 10 and r.usage.completion_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_streaming_matches_non_streaming_and_reports_usage(server):
+    url, _ = server
+    c = client(url)
+    kw = dict(model=MODEL, messages=ask("Name three colours."), temperature=0, max_tokens=25)
+    whole = c.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(c.chat.completions.create(**kw, stream=True,
+                                            stream_options={"include_usage": True}))  # fmt: skip
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == whole
+    finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finals[-1] in ("stop", "length") and all(f is None for f in finals[:-1])
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def test_completions_stop_strings_seed_and_n(server):
+    url, _ = server
+    c = client(url)
+    full = c.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
+    text = full.choices[0].text
+    assert " 6" in text
+    cut = c.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
+                               stop=[" 6"])  # fmt: skip
+    assert cut.choices[0].text == text[: text.index(" 6")]
+    assert cut.choices[0].finish_reason == "stop"
+    kw = dict(model=MODEL, prompt="My favourite animal is", max_tokens=10, temperature=1.0)
+    a = c.completions.create(**kw, seed=42).choices[0].text
+    b = c.completions.create(**kw, seed=42).choices[0].text
+    assert a == b
+    two = c.completions.create(**kw, seed=7, n=2)
+    assert [ch.index for ch in two.choices] == [0, 1]
+
+
+def test_logprobs_and_models(server):
+    url, _ = server
+    c = client(url)
+    r = c.chat.completions.create(model=MODEL, messages=ask("Hi"), max_tokens=5, temperature=0,
+                                  logprobs=True)  # fmt: skip
+    lps = r.choices[0].logprobs.content
+    assert len(lps) == r.usage.completion_tokens and all(t.logprob <= 0 for t in lps)
+    assert [m.id for m in c.models.list().data] == [MODEL]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (b"{not json", 400, "malformed JSON"),
+        (b'{"messages": "hello"}', 400, "messages"),
+        (b'{"model": "SmolLM2-135M-Instruct"}', 400, "missing required field 'messages'"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', 400, "max_tokens"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}', 404, "gpt-9"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "priority": 9}', 400, "0..3"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}', 400, "8192"),
+    ],
+)
+def test_bad_requests_get_openai_style_errors(server, body, status, needle):
+    url, _ = server
+    r = httpx.post(f"{url}/v1/chat/completions", content=body,
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == status
+    assert needle in r.json()["error"]["message"]
+
+
+def test_prompt_longer_than_context_names_both_numbers(server):
+    url, _ = server
+    r = httpx.post(
+        f"{url}/v1/completions", json={"prompt": list(range(100, 8300)), "max_tokens": 1}
+    )
+    assert r.status_code == 400
+    msg = r.json()["error"]["message"]
+    assert "8200" in msg and "8192" in msg
+
+
+def test_body_over_the_limit_is_413(built):
+    with running_server(built, ServerSettings(max_request_bytes=1000)) as (url, _):
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x" * 5000})
+        assert r.status_code == 413
+
+
+def test_unknown_tier_lists_valid_values(server):
+    url, _ = server
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 1},
+                   headers={"x-request-tier": "urgent"})  # fmt: skip
+    assert r.status_code == 400
+    assert "realtime" in r.json()["error"]["message"]
+
+
+# -- tenants and priorities ---------------------------------------------------------------------
+
+TENANTS = """
+tenants:
+  rt:
+    keys: [key-rt]
+    max_tier: realtime
+    default_tier: online
+  web:
+    keys: [key-web]
+    max_tier: online
+    default_tier: batch
+"""
+
+
+def test_tenant_entitled_to_p1_cannot_get_p0(built, tmp_path):
+    path = tmp_path / "tenants.yaml"
+    path.write_text(TENANTS)
+    with running_server(built, ServerSettings(tenants_file=str(path))) as (url, _):
+        body = {"prompt": "Hello", "max_tokens": 2}
+
+        def post(key=None, tier=None, **extra):
+            h = {"authorization": f"Bearer {key}"} if key else {}
+            if tier:
+                h["x-request-tier"] = tier
+            return httpx.post(f"{url}/v1/completions", json={**body, **extra}, headers=h)
+
+        assert post().status_code == 401
+        assert post("wrong").status_code == 401
+        r = post("key-web")
+        assert r.status_code == 200 and r.headers["x-tierserve-priority"] == "p2"  # default
+        for r in (post("key-web", "realtime"), post("key-web", priority=0)):
+            assert r.status_code == 200
+            assert r.headers["x-tierserve-priority"] == "p1"
+            assert r.headers["x-tierserve-priority-clamped"] == "true"
+        r = post("key-rt", "p0")
+        assert r.headers["x-tierserve-priority"] == "p0"
+        assert "x-tierserve-priority-clamped" not in r.headers
+        # The official client passes keys and tiers too.
+        c = client(url, "key-web")
+        raw = c.completions.with_raw_response.create(
+            model=MODEL, prompt="Hi", max_tokens=1, extra_headers={"x-request-tier": "realtime"}
+        )
+        assert raw.headers["x-tierserve-priority"] == "p1"
+
+
+async def _stream_ttft(ac: httpx.AsyncClient, url: str, body: dict, headers: dict) -> float:
+    t0 = time.perf_counter()
+    async with ac.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                return time.perf_counter() - t0
+    raise AssertionError("no token")
+
+
+def test_p0_ttft_under_a_p3_flood_stays_within_2x_of_idle(server):
+    """A realtime request on a server saturated by background streams gets its first token
+    within 2x of its idle time-to-first-token (medians of several requests)."""
+    url, state = server
+    history = [{"role": "user", "content": f"Turn {i}: tell me something about the sea."}
+               for i in range(12)]  # fmt: skip
+    history += [{"role": "assistant", "content": "The sea is vast and deep."}] * 4
+    body = {"messages": history + ask("And what about rivers?"), "max_tokens": 4,
+            "temperature": 0, "stream": True}  # fmt: skip
+    p0 = {"x-request-tier": "realtime"}
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=120) as ac:
+            idle = [await _stream_ttft(ac, url, body, p0) for _ in range(5)]
+            flood_body = {"messages": ask("Write a long essay about mountains."),
+                          "max_tokens": 400, "ignore_eos": True, "stream": True}  # fmt: skip
+
+            async def background():
+                async with ac.stream("POST", f"{url}/v1/chat/completions", json=flood_body,
+                                     headers={"x-request-tier": "background"}) as r:  # fmt: skip
+                    async for _ in r.aiter_lines():
+                        pass
+
+            flood = [asyncio.create_task(background()) for _ in range(24)]
+            await asyncio.sleep(4.0)  # everyone admitted and decoding
+            assert len(state.engine.core.scheduler.running) >= 20
+            busy = []
+            for _ in range(5):
+                busy.append(await _stream_ttft(ac, url, body, p0))
+                await asyncio.sleep(0.3)
+            for t in flood:
+                t.cancel()
+            await asyncio.gather(*flood, return_exceptions=True)
+            return idle, busy
+
+    idle, busy = asyncio.run(scenario())
+    print(
+        f"P0 TTFT idle {statistics.median(idle):.3f} s, under flood {statistics.median(busy):.3f} s"
+    )
+    assert statistics.median(busy) <= 2 * statistics.median(idle), (idle, busy)
+    _wait_drained(state)
+
+
+def _wait_drained(state, timeout=60.0):
+    core = state.engine.core
+    t0 = time.time()
+    while core.has_unfinished() and time.time() - t0 < timeout:
+        time.sleep(0.05)
+    assert not core.has_unfinished()
+
+
+# -- overload, disconnects, metrics ----------------------------------------------------------
+
+
+def test_overload_answers_every_request_and_health_stays_fast(built):
+    limits = dict(max_queued_requests=(2, 2, 2, 2))
+    with running_server(built, **limits) as (url, _state):
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=120) as ac:
+                body = {"prompt": "Count to fifty:", "max_tokens": 40, "priority": 2}
+                reqs = [asyncio.create_task(ac.post(f"{url}/v1/completions", json=body))
+                        for _ in range(40)]  # fmt: skip
+                health = []
+                while not all(t.done() for t in reqs):
+                    t0 = time.perf_counter()
+                    h = await ac.get(f"{url}/health")
+                    health.append(time.perf_counter() - t0)
+                    assert h.status_code == 200
+                    await asyncio.sleep(0.05)
+                return [t.result() for t in reqs], health
+
+        results, health = asyncio.run(scenario())
+    codes = [r.status_code for r in results]
+    assert len(codes) == 40 and set(codes) <= {200, 503}
+    assert codes.count(503) > 0 and codes.count(200) > 0
+    for r in results:
+        if r.status_code == 503:
+            err = r.json()["error"]
+            assert err["type"] == "resource_exhausted" and err["priority"] == "p2"
+            assert int(r.headers["retry-after"]) >= 1 and err["current_queue_depth"] >= 2
+    assert max(health) < 0.1, f"/health took {max(health):.3f} s"
+
+
+def test_rate_limited_tenant_gets_429_with_retry_after(built):
+    from tierserve.config import BucketConfig
+
+    with running_server(built, tenant_bucket=BucketConfig(rate=10, burst=60)) as (url, _):
+        ok = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 50})
+        assert ok.status_code == 200
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 50})
+        assert r.status_code == 429
+        assert r.json()["error"]["type"] == "rate_limited"
+        assert int(r.headers["retry-after"]) >= 1
+
+
+def test_fifty_streams_cancelled_midway_return_every_block(built):
+    with running_server(built) as (url, state):
+        kv = state.engine.core.scheduler.kv
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=120) as ac:
+
+                async def one(i):
+                    body = {"prompt": f"Story {i}: once upon a time", "max_tokens": 500,
+                            "ignore_eos": True, "stream": True}  # fmt: skip
+                    async with ac.stream("POST", f"{url}/v1/completions", json=body) as r:
+                        n = 0
+                        async for line in r.aiter_lines():
+                            n += line.startswith("data: ")
+                            if n >= 3:
+                                return n  # leave mid-stream: the connection closes
+
+                return await asyncio.gather(*(one(i) for i in range(50)))
+
+        got = asyncio.run(scenario())
+        assert all(n == 3 for n in got)
+        _wait_drained(state)
+        assert kv.pool.num_free == kv.pool.num_blocks
+        kv.check_invariants()
+        aborted = state.metrics.finished.labels("P1", "abort")._value.get()
+        assert aborted >= 50
+
+
+def test_metrics_parse_and_carry_every_series(server):
+    url, _ = server
+    httpx.post(f"{url}/v1/completions", json={"prompt": "Hello there", "max_tokens": 3})
+    text = httpx.get(f"{url}/metrics").text
+    names = {f.name for f in text_string_to_metric_families(text)}
+    for expected in (
+        "llm_scheduler_queue_depth", "llm_scheduler_wait_seconds", "llm_kv_cache_hit_rate",
+        "llm_preemption", "llm_sla_attainment", "llm_kv_swap_seconds", "llm_ttft_seconds",
+        "llm_time_per_output_token_seconds", "llm_e2e_seconds", "llm_prompt_tokens",
+        "llm_generation_tokens", "llm_requests_running", "llm_requests_waiting",
+        "llm_requests_swapped", "llm_kv_blocks", "llm_schedule_seconds",
+        "llm_admission_rejections",
+    ):  # fmt: skip
+        assert expected in names, expected
+    assert 'llm_sla_attainment{priority="P1",tier="online"}' in text
+    assert 'llm_kv_blocks{partition="reserve",state="borrowed"}' in text
+
+
+def test_ready_and_health(server):
+    url, _ = server
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{url}/ready").json()["status"] == "ready"
+
+
+def test_sigterm_finishes_in_flight_requests_and_exits_0(tmp_path):
+    """`tierserve serve` as a real process: SIGTERM while a stream is in flight lets it finish
+    within the grace period, refuses new work, and exits with status 0."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.server_utils import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tierserve", "serve", "--port", str(port), "--kv-cache-gib",
+         "0.1", "--shutdown-grace-s", "20", "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.25)
+        body = {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "stream": True}
+        lines = []
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if not line:
+                    continue  # blank separators between events
+                lines.append(line)
+                if len(lines) == 3:
+                    proc.send_signal(signal.SIGTERM)
+        assert lines[-1] == "data: [DONE]"
+        assert sum(1 for x in lines if x.startswith("data: {")) == 40  # it finished in full
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
