@@ -190,9 +190,12 @@ def test_rejections_are_counted_by_reason_and_class():
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"max_queued_requests": (1, 2, 3)}, "4 values"), ({"drain_alpha": 0}, "drain_alpha"),
-     ({"max_queued_tokens": (1, -2, 3, 4)}, "negative")],
-)  # fmt: skip
+    [
+        ({"max_queued_requests": (1, 2, 3)}, "4 values"),
+        ({"drain_alpha": 0}, "drain_alpha"),
+        ({"max_queued_tokens": (1, -2, 3, 4)}, "negative"),
+    ],
+)
 def test_bad_admission_config_is_refused(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         AdmissionConfig(**kwargs)

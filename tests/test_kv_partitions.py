@@ -148,9 +148,14 @@ def test_reclaim_touches_nothing():
 
 def test_adaptive_floor_follows_p0_demand_between_min_and_max():
     parts = PartitionConfig(
-        p0_floor_min=1, p0_floor_max=8, p0_ceiling=10, p1_reserve=6,
-        window_s=1.0, ewma_alpha=0.5, headroom=1.25,
-    )  # fmt: skip
+        p0_floor_min=1,
+        p0_floor_max=8,
+        p0_ceiling=10,
+        p1_reserve=6,
+        window_s=1.0,
+        ewma_alpha=0.5,
+        headroom=1.25,
+    )
     kv = kv20(parts)
     assert kv.ledger.floor == 8  # starts at the max
     kv.observe(0.0)

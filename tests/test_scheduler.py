@@ -43,7 +43,7 @@ def engine(
             preemption_mode=mode,
             check_invariants=True,
             max_model_len=4096,
-            p0_express=express,
+            p0_express="exclusive" if express else "off",
         ),
         PolicyConfig(name=policy),
     )

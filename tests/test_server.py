@@ -64,8 +64,9 @@ def test_streaming_matches_non_streaming_and_reports_usage(server):
     c = client(url)
     kw = dict(model=MODEL, messages=ask("Name three colours."), temperature=0, max_tokens=25)
     whole = c.chat.completions.create(**kw).choices[0].message.content
-    chunks = list(c.chat.completions.create(**kw, stream=True,
-                                            stream_options={"include_usage": True}))  # fmt: skip
+    chunks = list(
+        c.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    )
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == whole
     finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
@@ -79,8 +80,9 @@ def test_completions_stop_strings_seed_and_n(server):
     full = c.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
     text = full.choices[0].text
     assert " 6" in text
-    cut = c.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
-                               stop=[" 6"])  # fmt: skip
+    cut = c.completions.create(
+        model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[" 6"]
+    )
     assert cut.choices[0].text == text[: text.index(" 6")]
     assert cut.choices[0].finish_reason == "stop"
     kw = dict(model=MODEL, prompt="My favourite animal is", max_tokens=10, temperature=1.0)
@@ -94,8 +96,9 @@ def test_completions_stop_strings_seed_and_n(server):
 def test_logprobs_and_models(server):
     url, _ = server
     c = client(url)
-    r = c.chat.completions.create(model=MODEL, messages=ask("Hi"), max_tokens=5, temperature=0,
-                                  logprobs=True)  # fmt: skip
+    r = c.chat.completions.create(
+        model=MODEL, messages=ask("Hi"), max_tokens=5, temperature=0, logprobs=True
+    )
     lps = r.choices[0].logprobs.content
     assert len(lps) == r.usage.completion_tokens and all(t.logprob <= 0 for t in lps)
     assert [m.id for m in c.models.list().data] == [MODEL]
@@ -115,8 +118,9 @@ def test_logprobs_and_models(server):
 )
 def test_bad_requests_get_openai_style_errors(server, body, status, needle):
     url, _ = server
-    r = httpx.post(f"{url}/v1/chat/completions", content=body,
-                   headers={"content-type": "application/json"})  # fmt: skip
+    r = httpx.post(
+        f"{url}/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
     assert r.status_code == status
     assert needle in r.json()["error"]["message"]
 
@@ -139,8 +143,11 @@ def test_body_over_the_limit_is_413(built):
 
 def test_unknown_tier_lists_valid_values(server):
     url, _ = server
-    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 1},
-                   headers={"x-request-tier": "urgent"})  # fmt: skip
+    r = httpx.post(
+        f"{url}/v1/completions",
+        json={"prompt": "hi", "max_tokens": 1},
+        headers={"x-request-tier": "urgent"},
+    )
     assert r.status_code == 400
     assert "realtime" in r.json()["error"]["message"]
 
@@ -205,22 +212,36 @@ def test_p0_ttft_under_a_p3_flood_stays_within_2x_of_idle(server):
     """A realtime request on a server saturated by background streams gets its first token
     within 2x of its idle time-to-first-token (medians of several requests)."""
     url, state = server
-    history = [{"role": "user", "content": f"Turn {i}: tell me something about the sea."}
-               for i in range(12)]  # fmt: skip
+    history = [
+        {"role": "user", "content": f"Turn {i}: tell me something about the sea."}
+        for i in range(12)
+    ]
     history += [{"role": "assistant", "content": "The sea is vast and deep."}] * 4
-    body = {"messages": history + ask("And what about rivers?"), "max_tokens": 4,
-            "temperature": 0, "stream": True}  # fmt: skip
+    body = {
+        "messages": history + ask("And what about rivers?"),
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+    }
     p0 = {"x-request-tier": "realtime"}
 
     async def scenario():
         async with httpx.AsyncClient(timeout=120) as ac:
             idle = [await _stream_ttft(ac, url, body, p0) for _ in range(5)]
-            flood_body = {"messages": ask("Write a long essay about mountains."),
-                          "max_tokens": 400, "ignore_eos": True, "stream": True}  # fmt: skip
+            flood_body = {
+                "messages": ask("Write a long essay about mountains."),
+                "max_tokens": 400,
+                "ignore_eos": True,
+                "stream": True,
+            }
 
             async def background():
-                async with ac.stream("POST", f"{url}/v1/chat/completions", json=flood_body,
-                                     headers={"x-request-tier": "background"}) as r:  # fmt: skip
+                async with ac.stream(
+                    "POST",
+                    f"{url}/v1/chat/completions",
+                    json=flood_body,
+                    headers={"x-request-tier": "background"},
+                ) as r:
                     async for _ in r.aiter_lines():
                         pass
 
@@ -262,8 +283,10 @@ def test_overload_answers_every_request_and_health_stays_fast(built):
         async def scenario():
             async with httpx.AsyncClient(timeout=120) as ac:
                 body = {"prompt": "Count to fifty:", "max_tokens": 40, "priority": 2}
-                reqs = [asyncio.create_task(ac.post(f"{url}/v1/completions", json=body))
-                        for _ in range(40)]  # fmt: skip
+                reqs = [
+                    asyncio.create_task(ac.post(f"{url}/v1/completions", json=body))
+                    for _ in range(40)
+                ]
                 health = []
                 while not all(t.done() for t in reqs):
                     t0 = time.perf_counter()
@@ -305,8 +328,12 @@ def test_fifty_streams_cancelled_midway_return_every_block(built):
             async with httpx.AsyncClient(timeout=120) as ac:
 
                 async def one(i):
-                    body = {"prompt": f"Story {i}: once upon a time", "max_tokens": 500,
-                            "ignore_eos": True, "stream": True}  # fmt: skip
+                    body = {
+                        "prompt": f"Story {i}: once upon a time",
+                        "max_tokens": 500,
+                        "ignore_eos": True,
+                        "stream": True,
+                    }
                     async with ac.stream("POST", f"{url}/v1/completions", json=body) as r:
                         n = 0
                         async for line in r.aiter_lines():
@@ -331,13 +358,24 @@ def test_metrics_parse_and_carry_every_series(server):
     text = httpx.get(f"{url}/metrics").text
     names = {f.name for f in text_string_to_metric_families(text)}
     for expected in (
-        "llm_scheduler_queue_depth", "llm_scheduler_wait_seconds", "llm_kv_cache_hit_rate",
-        "llm_preemption", "llm_sla_attainment", "llm_kv_swap_seconds", "llm_ttft_seconds",
-        "llm_time_per_output_token_seconds", "llm_e2e_seconds", "llm_prompt_tokens",
-        "llm_generation_tokens", "llm_requests_running", "llm_requests_waiting",
-        "llm_requests_swapped", "llm_kv_blocks", "llm_schedule_seconds",
+        "llm_scheduler_queue_depth",
+        "llm_scheduler_wait_seconds",
+        "llm_kv_cache_hit_rate",
+        "llm_preemption",
+        "llm_sla_attainment",
+        "llm_kv_swap_seconds",
+        "llm_ttft_seconds",
+        "llm_time_per_output_token_seconds",
+        "llm_e2e_seconds",
+        "llm_prompt_tokens",
+        "llm_generation_tokens",
+        "llm_requests_running",
+        "llm_requests_waiting",
+        "llm_requests_swapped",
+        "llm_kv_blocks",
+        "llm_schedule_seconds",
         "llm_admission_rejections",
-    ):  # fmt: skip
+    ):
         assert expected in names, expected
     assert 'llm_sla_attainment{priority="P1",tier="online"}' in text
     assert 'llm_kv_blocks{partition="reserve",state="borrowed"}' in text
@@ -360,10 +398,23 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(tmp_path):
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tierserve", "serve", "--port", str(port), "--kv-cache-gib",
-         "0.1", "--shutdown-grace-s", "20", "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tierserve",
+            "serve",
+            "--port",
+            str(port),
+            "--kv-cache-gib",
+            "0.1",
+            "--shutdown-grace-s",
+            "20",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(240):

@@ -14,9 +14,19 @@ S = RequestStatus
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("realtime", 0), ("ONLINE", 1), ("batch", 2), ("background", 3), ("p0", 0), ("P3", 3),
-     (0, 0), (3, 3), ("2", 2), (Priority.P1, 1)],
-)  # fmt: skip
+    [
+        ("realtime", 0),
+        ("ONLINE", 1),
+        ("batch", 2),
+        ("background", 3),
+        ("p0", 0),
+        ("P3", 3),
+        (0, 0),
+        (3, 3),
+        ("2", 2),
+        (Priority.P1, 1),
+    ],
+)
 def test_parse_priority_accepts_names_labels_and_ints(value, expected):
     assert parse_priority(value) == Priority(expected)
 
@@ -71,10 +81,15 @@ def test_request_rejects_empty_prompt():
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"),
-     ({"top_p": 0}, "top_p"), ({"top_k": -2}, "top_k"), ({"min_p": 2}, "min_p"),
-     ({"stop": [""]}, "stop")],
-)  # fmt: skip
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+        ({"stop": [""]}, "stop"),
+    ],
+)
 def test_sampling_params_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kwargs)

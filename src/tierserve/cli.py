@@ -32,10 +32,83 @@ def _bench_engine(args: argparse.Namespace) -> int:
     from tierserve.bench.engine_bench import format_report, run_engine_bench
 
     rows, info = run_engine_bench(
-        tuple(args.concurrency), args.rounds, args.prompt_len, args.output_len,
-        with_transformers=not args.no_transformers, dtype=args.dtype,
-    )  # fmt: skip
+        tuple(args.concurrency),
+        args.rounds,
+        args.prompt_len,
+        args.output_len,
+        with_transformers=not args.no_transformers,
+        dtype=args.dtype,
+    )
     print(format_report(rows, info))
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+    from pathlib import Path
+
+    from tierserve.sim.report import targets, write_all
+    from tierserve.sim.runner import SimConfig
+    from tierserve.sim.scenarios import SEED_BASE, grid_configs, run_grid, seed_table_configs
+    from tierserve.sim.workload import WorkloadConfig
+
+    if args.scenario == "seed-table":
+        configs, title = seed_table_configs(), "Seed table: P0/P1 TTFT under mixed load"
+    else:
+        wl = WorkloadConfig(
+            arrival=args.arrival,
+            rate=args.rate,
+            duration_s=args.duration,
+            warmup_s=args.warmup,
+            shared_prefixes=args.shared_prefixes,
+            seed=args.seed,
+        )
+        base = replace(
+            SEED_BASE if args.hardware is None else SimConfig(),
+            **{
+                k: v
+                for k, v in (
+                    ("hardware", args.hardware),
+                    ("model", args.model),
+                    ("tp", args.tp),
+                    ("max_num_seqs", args.max_num_seqs),
+                    ("max_num_batched_tokens", args.max_num_batched_tokens),
+                )
+                if v is not None
+            },
+            workload=wl,
+        )
+        conc = args.concurrency if args.arrival == "closed" else [0]
+        configs = grid_configs(base, args.policy or ["fcfs", "hybrid"], conc)
+        title = "Simulation"
+    results = run_grid(configs, args.workers)
+    out = Path(args.out)
+    for f in write_all(results, out, title):
+        print(f"wrote {f}")
+    for name, ok, detail in targets(results):
+        print(f"{'PASS' if ok else 'MISS'}: {name} ({detail})")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tierserve.sim.calibrate import calibrate
+    from tierserve.sim.profiles import user_profile_dir
+
+    out = Path(args.out) if args.out else user_profile_dir() / "cpu-local.json"
+    profile, err = calibrate(out, seconds_per_phase=args.seconds)
+    print(f"wrote {out}: mean relative fit error {100 * err:.1f}%")
+    for k, v in profile["fit"]["coefficients"].items():
+        print(f"  {k} = {v:.4g}")
+    return 0
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    from tierserve.sim.fidelity import format_fidelity, run_fidelity
+
+    report = run_fidelity(args.hardware, args.duration, args.clients, args.seed)
+    print(format_fidelity(report))
     return 0
 
 
@@ -86,6 +159,39 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     b.add_argument("--no-transformers", action="store_true", help="skip the baseline")
     b.set_defaults(func=_bench_engine)
+
+    sm = sub.add_parser("simulate", help="run the real scheduler on a simulated cluster")
+    sm.add_argument("--scenario", choices=["seed-table", "custom"], default="custom")
+    sm.add_argument("--out", default="out/sim", help="folder for results.json, report.md, PNGs")
+    sm.add_argument("--policy", action="append", help="policy (repeatable; default fcfs, hybrid)")
+    sm.add_argument("--concurrency", type=int, nargs="+", default=[32, 128, 512])
+    sm.add_argument("--hardware", default=None, help="profile name or .json (default a100-80gb)")
+    sm.add_argument("--model", default=None, help="profile name or .json (default llama-3.1-70b)")
+    sm.add_argument("--tp", type=int, default=None, help="tensor parallel size (default 8)")
+    sm.add_argument("--max-num-seqs", type=int, default=None)
+    sm.add_argument("--max-num-batched-tokens", type=int, default=None)
+    sm.add_argument("--arrival", choices=["closed", "poisson", "gamma"], default="closed")
+    sm.add_argument("--rate", type=float, default=5.0, help="open loop: requests per second")
+    sm.add_argument("--duration", type=float, default=600.0, help="simulated seconds of arrivals")
+    sm.add_argument("--warmup", type=float, default=150.0, help="seconds not measured")
+    sm.add_argument("--shared-prefixes", action="store_true", help="per-class system prompts")
+    sm.add_argument("--seed", type=int, default=0)
+    sm.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
+    sm.set_defaults(func=_simulate)
+
+    c = sub.add_parser("calibrate", help="fit a cpu-local cost profile on the real CPU engine")
+    c.add_argument("--out", default=None, help="profile path (default: user profile folder)")
+    c.add_argument("--seconds", type=float, default=20.0, help="seconds of load per phase")
+    c.set_defaults(func=_calibrate)
+
+    f = sub.add_parser(
+        "sim-fidelity", help="the same scaled-down workload on the real engine and in the simulator"
+    )
+    f.add_argument("--hardware", default="cpu-local", help="calibrated profile to check")
+    f.add_argument("--duration", type=float, default=90.0, help="seconds of arrivals")
+    f.add_argument("--clients", type=int, default=8)
+    f.add_argument("--seed", type=int, default=0)
+    f.set_defaults(func=_fidelity)
 
     b = sub.add_parser("bench-sched", help="time Scheduler.schedule() with a deep queue")
     b.add_argument("--policy", action="append", help="policy to run (repeatable; default all)")

@@ -173,6 +173,7 @@ class CacheConfig:
 # ---------------------------------------------------------------------------------------------
 
 PREEMPTION_MODES = ("auto", "swap", "recompute")
+EXPRESS_MODES = ("exclusive", "decode", "off")
 
 
 @dataclass(frozen=True)
@@ -186,9 +187,11 @@ class SchedulerConfig:
     # "auto": swap when moving KV out and back costs less than `swap_cost_ratio` x recompute.
     preemption_mode: str = "auto"
     swap_cost_ratio: float = 0.3
-    # P0 express step: when a P0 request waits, the next step runs P0 work only (others keep
-    # their memory and skip that step), at most once every `p0_express_min_gap` steps.
-    p0_express: bool = True
+    # P0 express step: when a P0 request waits, the next step is built for it, at most once every
+    # `p0_express_min_gap` steps. "exclusive": P0 work only (others keep their memory and sit
+    # the step out); "decode": others still decode but their prefill chunks wait (on GPUs decode
+    # hides under compute-bound prefill); "off".
+    p0_express: str = "exclusive"
     p0_express_min_gap: int = 3
     check_invariants: bool = False
 
@@ -228,6 +231,8 @@ class PolicyConfig:
     # Seconds a request waits in a class before promotion by one class (None = never promoted).
     aging_thresholds_s: tuple[float | None, ...] = (None, 30.0, 15.0, 5.0)
     tenant_fairness: bool = True
+    # hybrid: a P1/P2 head that has used this fraction of its TTFT SLA goes before the fair share.
+    sla_urgency_fraction: float = 0.2
     # Output tokens counted in a request's cost when its max_tokens is larger than this.
     max_expected_output_tokens: int = 1024
 
@@ -253,6 +258,10 @@ class PolicyConfig:
                 "a less urgent class is promoted sooner",
             )
         _check(self.max_expected_output_tokens > 0, "max_expected_output_tokens must be positive")
+        _check(
+            0.0 <= self.sla_urgency_fraction <= 1.0,
+            f"sla_urgency_fraction must lie in [0, 1], got {self.sla_urgency_fraction}",
+        )
 
 
 # ---------------------------------------------------------------------------------------------

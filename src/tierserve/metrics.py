@@ -22,28 +22,39 @@ class Metrics:
         p = ["priority"]
         self.queue_depth = Gauge("llm_scheduler_queue_depth", "Waiting requests", p, registry=r)
         self.wait = Histogram(
-            "llm_scheduler_wait_seconds", "Enqueue to first token", p,
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "llm_scheduler_wait_seconds",
+            "Enqueue to first token",
+            p,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.hit_rate = Gauge("llm_kv_cache_hit_rate", "Prefix-cache token hit rate", p, registry=r)
         self.preemptions = Counter(
             "llm_preemption_total", "Preempted requests", ["victim_priority", "reason"], registry=r
         )
         self.sla = Gauge(
-            "llm_sla_attainment", "Finished requests whose TTFT met the class SLA",
-            ["priority", "tier"], registry=r,
-        )  # fmt: skip
+            "llm_sla_attainment",
+            "Finished requests whose TTFT met the class SLA",
+            ["priority", "tier"],
+            registry=r,
+        )
         self.swap = Histogram(
-            "llm_kv_swap_seconds", "KV swap copy time per step", ["direction"],
-            buckets=STEP_BUCKETS, registry=r,
-        )  # fmt: skip
+            "llm_kv_swap_seconds",
+            "KV swap copy time per step",
+            ["direction"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
         self.ttft = Histogram(
             "llm_ttft_seconds", "Time to first token", p, buckets=LATENCY_BUCKETS, registry=r
         )
         self.tpot = Histogram(
-            "llm_time_per_output_token_seconds", "Time per output token after the first", p,
-            buckets=(*STEP_BUCKETS, 1.0, 2.0), registry=r,
-        )  # fmt: skip
+            "llm_time_per_output_token_seconds",
+            "Time per output token after the first",
+            p,
+            buckets=(*STEP_BUCKETS, 1.0, 2.0),
+            registry=r,
+        )
         self.e2e = Histogram(
             "llm_e2e_seconds", "Arrival to finish", p, buckets=LATENCY_BUCKETS, registry=r
         )
@@ -63,9 +74,11 @@ class Metrics:
             "llm_schedule_seconds", "Scheduler time per step", buckets=STEP_BUCKETS, registry=r
         )
         self.rejections = Counter(
-            "llm_admission_rejections_total", "Requests refused before the queue",
-            ["reason", "priority"], registry=r,
-        )  # fmt: skip
+            "llm_admission_rejections_total",
+            "Requests refused before the queue",
+            ["reason", "priority"],
+            registry=r,
+        )
         self._sla_met = {q: 0 for q in ALL_PRIORITIES}
         self._sla_total = {q: 0 for q in ALL_PRIORITIES}
         for q in ALL_PRIORITIES:  # make every labelled series visible from the start

@@ -75,6 +75,13 @@ OPTIONS = [
     ("--max-request-bytes", int, None, "largest accepted request body (4 MiB)"),
     ("--shutdown-grace-s", float, None, "on SIGTERM, seconds for in-flight requests (10)"),
     ("--seed", int, None, "sampler seed for unseeded requests"),
+    (
+        "--p0-express",
+        str,
+        None,
+        "step built for a waiting P0: exclusive | decode | off "
+        "(default: exclusive on cpu, decode on cuda)",
+    ),
     ("--log-level", str, None, "debug | info | warning (info)"),
 ]
 SWITCHES = [
@@ -84,7 +91,6 @@ SWITCHES = [
     ("--no-tenant-fairness", "disable per-tenant fairness inside a class"),
     ("--reject-on-sla-miss", "reject early requests whose class SLA cannot be met"),
     ("--no-shed", "do not shed lower-class waiters when the P0 queue is full"),
-    ("--no-p0-express", "no P0-only step when a realtime request arrives"),
 ]
 
 
@@ -116,15 +122,20 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
     def pick(obj_defaults, mapping: dict) -> dict:
         return {field: opts[key] for key, field in mapping.items() if key in opts}
 
-    part_kw = pick(PartitionConfig, {k: k for k in (
-        "p0_floor_min", "p0_floor_max", "p0_ceiling", "p1_reserve")})  # fmt: skip
+    part_kw = pick(
+        PartitionConfig,
+        {k: k for k in ("p0_floor_min", "p0_floor_max", "p0_ceiling", "p1_reserve")},
+    )
     if "borrowers" in opts:
         part_kw["borrowers"] = tuple(parse_priority(b) for b in opts["borrowers"])
     if opts.get("no_adaptive_floor"):
         part_kw["adaptive"] = False
     pol_kw = {"name": opts.get("policy", "hybrid")}
-    for key, field in (("drr_weights", "drr_weights"), ("wfq_weights", "wfq_weights"),
-                       ("aging_thresholds", "aging_thresholds_s")):  # fmt: skip
+    for key, field in (
+        ("drr_weights", "drr_weights"),
+        ("wfq_weights", "wfq_weights"),
+        ("aging_thresholds", "aging_thresholds_s"),
+    ):
         if key in opts:
             pol_kw[field] = tuple(opts[key])
     pol_kw["aging"] = not opts.get("no_aging", False)
@@ -143,14 +154,29 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
     adm_kw["reject_on_sla_miss"] = bool(opts.get("reject_on_sla_miss", False))
     adm_kw["shed_for_p0"] = not opts.get("no_shed", False)
     prio_kw = {"ttft_sla_s": tuple(opts["ttft_sla"])} if "ttft_sla" in opts else {}
-    eng_kw = {k: opts[k] for k in (
-        "model", "device", "dtype", "kv_cache_gib", "num_kv_blocks", "swap_space_gib",
-        "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-        "preemption_mode", "swap_cost_ratio", "seed") if k in opts}  # fmt: skip
+    eng_kw = {
+        k: opts[k]
+        for k in (
+            "model",
+            "device",
+            "dtype",
+            "kv_cache_gib",
+            "num_kv_blocks",
+            "swap_space_gib",
+            "block_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "preemption_mode",
+            "swap_cost_ratio",
+            "seed",
+        )
+        if k in opts
+    }
     args = EngineArgs(
         **eng_kw,
         enable_prefix_caching=not opts.get("no_prefix_caching", False),
-        p0_express=not opts.get("no_p0_express", False),
+        p0_express=opts.get("p0_express"),
         partitions=PartitionConfig(**part_kw),
         policy=PolicyConfig(**pol_kw),
         priorities=PriorityConfig(**prio_kw),
@@ -159,8 +185,15 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
     names = opts.get("served_model_name") or [
         Path(opts["model"]).stem if opts.get("model") else DEFAULT_MODEL_NAME
     ]
-    server_keys = ("host", "port", "default_max_tokens", "max_request_bytes",
-                   "shutdown_grace_s", "log_level", "api_key")  # fmt: skip
+    server_keys = (
+        "host",
+        "port",
+        "default_max_tokens",
+        "max_request_bytes",
+        "shutdown_grace_s",
+        "log_level",
+        "api_key",
+    )
     srv_kw = {k: opts[k] for k in server_keys if k in opts}
     settings = ServerSettings(
         **srv_kw, served_model_names=tuple(names), tenants_file=opts.get("tenants")

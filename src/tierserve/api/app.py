@@ -50,8 +50,13 @@ class BodySizeLimit:
         resp = error_response(
             APIError(413, f"request body exceeds {self.limit} bytes", code="request_too_large")
         )
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": resp.body})
 
 
@@ -120,10 +125,15 @@ def create_app(state: ServerState) -> FastAPI:
     async def models():
         created = int(state.started)
         data = [
-            {"id": n, "object": "model", "created": created, "owned_by": "tierserve",
-             "max_model_len": state.max_model_len}
+            {
+                "id": n,
+                "object": "model",
+                "created": created,
+                "owned_by": "tierserve",
+                "max_model_len": state.max_model_len,
+            }
             for n in state.settings.served_model_names
-        ]  # fmt: skip
+        ]
         return {"object": "list", "data": data}
 
     app.add_middleware(BodySizeLimit, limit=state.settings.max_request_bytes)

@@ -10,17 +10,28 @@ from tierserve.admission import Decision
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = (
-            status, message, kind, param, code,
-        )  # fmt: skip
+            status,
+            message,
+            kind,
+            param,
+            code,
+        )
 
 
 def error_response(err: APIError) -> JSONResponse:
-    body = {"error": {"message": err.message, "type": err.kind, "param": err.param,
-                      "code": err.code}}  # fmt: skip
+    body = {
+        "error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}
+    }
     return JSONResponse(body, status_code=err.status)
 
 

@@ -49,8 +49,11 @@ async def _merged(engine: AsyncEngine, prep: Prepared) -> AsyncIterator[tuple[in
 
 
 def _usage(prompt: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}  # fmt: skip
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def _error_status(error: str | None, reason: str | None) -> int:
@@ -127,8 +130,9 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
         prompt_ids = state.tokenizer.encode_chat(messages)
     except ValueError as exc:
         raise APIError(400, f"cannot apply the chat template: {exc}") from None
-    prep = prepare(state, http, body, prompt_ids, body.max_completion_tokens or body.max_tokens,
-                   "chatcmpl")  # fmt: skip
+    prep = prepare(
+        state, http, body, prompt_ids, body.max_completion_tokens or body.max_tokens, "chatcmpl"
+    )
     if isinstance(prep, JSONResponse):
         return prep
     created, model = int(time.time()), body.model or state.settings.served_model_names[0]
@@ -147,30 +151,40 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
                 if d.finished and d.finish_reason == "error":
                     yield _sse({"error": {"message": d.error, "type": "server_error"}})
                     break
-                choice = {"index": i, "delta": delta, "logprobs": None,
-                          "finish_reason": d.finish_reason if d.finished else None}  # fmt: skip
+                choice = {
+                    "index": i,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": d.finish_reason if d.finished else None,
+                }
                 if body.logprobs and d.token_ids:
                     choice["logprobs"] = _chat_logprobs(state, d.token_ids, d.logprobs)
                 yield _sse({**base, "object": "chat.completion.chunk", "choices": [choice]})
                 totals[i] = d.num_output_tokens
             if include_usage:
                 usage = _usage(len(prompt_ids), sum(totals.values()))
-                yield _sse({**base, "object": "chat.completion.chunk", "choices": [],
-                            "usage": usage})  # fmt: skip
+                yield _sse(
+                    {**base, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+                )
             yield _sse("[DONE]")
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=prep.headers)
     choices, n_prompt = await _collect(state, http, prep)
     out = []
     for i, c in enumerate(choices):
-        item = {"index": i, "message": {"role": "assistant", "content": c.text},
-                "logprobs": None, "finish_reason": c.finish_reason}  # fmt: skip
+        item = {
+            "index": i,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": None,
+            "finish_reason": c.finish_reason,
+        }
         if body.logprobs:
             item["logprobs"] = _chat_logprobs(state, c.tokens, c.logprobs)
         out.append(item)
     usage = _usage(n_prompt, sum(c.completion_tokens for c in choices))
-    return JSONResponse({**base, "object": "chat.completion", "choices": out, "usage": usage},
-                        headers=prep.headers)  # fmt: skip
+    return JSONResponse(
+        {**base, "object": "chat.completion", "choices": out, "usage": usage}, headers=prep.headers
+    )
 
 
 def _completion_logprobs(state: ServerState, tokens, lps, offset: int) -> dict:
@@ -179,8 +193,12 @@ def _completion_logprobs(state: ServerState, tokens, lps, offset: int) -> dict:
     for s in texts:
         offsets.append(pos)
         pos += len(s)
-    return {"tokens": texts, "token_logprobs": list(lps), "top_logprobs": None,
-            "text_offset": offsets}  # fmt: skip
+    return {
+        "tokens": texts,
+        "token_logprobs": list(lps),
+        "top_logprobs": None,
+        "text_offset": offsets,
+    }
 
 
 @router.post("/v1/completions")
@@ -191,8 +209,9 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
     if not isinstance(prompt, str) and any(
         t < 0 or t >= state.tokenizer.vocab_size for t in prompt
     ):
-        raise APIError(400, f"prompt token ids must lie in [0, {state.tokenizer.vocab_size})",
-                       param="prompt")  # fmt: skip
+        raise APIError(
+            400, f"prompt token ids must lie in [0, {state.tokenizer.vocab_size})", param="prompt"
+        )
     prep = prepare(state, http, body, prompt_ids, body.max_tokens, "cmpl")
     if isinstance(prep, JSONResponse):
         return prep
@@ -210,23 +229,32 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
                     break
                 text = d.text if i in echoed else echo + d.text
                 echoed.add(i)
-                choice = {"index": i, "text": text, "logprobs": None,
-                          "finish_reason": d.finish_reason if d.finished else None}  # fmt: skip
+                choice = {
+                    "index": i,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": d.finish_reason if d.finished else None,
+                }
                 if body.logprobs is not None and d.token_ids:
                     choice["logprobs"] = _completion_logprobs(state, d.token_ids, d.logprobs, 0)
                 yield _sse({**base, "choices": [choice]})
                 totals[i] = d.num_output_tokens
             if include_usage:
-                yield _sse({**base, "choices": [],
-                            "usage": _usage(len(prompt_ids), sum(totals.values()))})  # fmt: skip
+                yield _sse(
+                    {**base, "choices": [], "usage": _usage(len(prompt_ids), sum(totals.values()))}
+                )
             yield _sse("[DONE]")
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=prep.headers)
     choices, n_prompt = await _collect(state, http, prep)
     out = []
     for i, c in enumerate(choices):
-        item = {"index": i, "text": echo + c.text, "logprobs": None,
-                "finish_reason": c.finish_reason}  # fmt: skip
+        item = {
+            "index": i,
+            "text": echo + c.text,
+            "logprobs": None,
+            "finish_reason": c.finish_reason,
+        }
         if body.logprobs is not None:
             item["logprobs"] = _completion_logprobs(state, c.tokens, c.logprobs, len(echo))
         out.append(item)

@@ -80,9 +80,14 @@ def prepare(
     if state.draining:
         raise APIError(503, "the server is shutting down", "resource_exhausted")
     if body.model is not None and body.model not in state.settings.served_model_names:
-        raise APIError(404, f"the model {body.model!r} does not exist; served: "
-                       f"{', '.join(state.settings.served_model_names)}",
-                       "invalid_request_error", "model", "model_not_found")  # fmt: skip
+        raise APIError(
+            404,
+            f"the model {body.model!r} does not exist; served: "
+            f"{', '.join(state.settings.served_model_names)}",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
     try:
         tenant = state.tenants.authenticate(
             http.headers.get("authorization"), http.headers.get("x-tenant-id")
@@ -92,30 +97,46 @@ def prepare(
     try:
         res = state.tenants.resolve(tenant, http.headers.get("x-request-tier"), body.priority)
     except BadPriority as exc:
-        raise APIError(400, f"{exc} (valid tiers: {', '.join(VALID_TIER_NAMES)}; body "
-                       "priority: 0..3)", param="priority") from None  # fmt: skip
+        raise APIError(
+            400,
+            f"{exc} (valid tiers: {', '.join(VALID_TIER_NAMES)}; body priority: 0..3)",
+            param="priority",
+        ) from None
     n_prompt, limit = len(prompt_ids), state.max_model_len
     if n_prompt >= limit:
-        raise APIError(400, f"the prompt has {n_prompt} tokens; the model's context is {limit} "
-                       "tokens (prompt + completion)", param="messages")  # fmt: skip
+        raise APIError(
+            400,
+            f"the prompt has {n_prompt} tokens; the model's context is {limit} "
+            "tokens (prompt + completion)",
+            param="messages",
+        )
     if max_tokens is None:
         max_tokens = min(state.settings.default_max_tokens, limit - n_prompt)
     elif n_prompt + max_tokens > limit:
-        raise APIError(400, f"the model's context is {limit} tokens, but {n_prompt + max_tokens} "
-                       f"were requested ({n_prompt} in the prompt, {max_tokens} for the "
-                       "completion)", param="max_tokens")  # fmt: skip
+        raise APIError(
+            400,
+            f"the model's context is {limit} tokens, but {n_prompt + max_tokens} "
+            f"were requested ({n_prompt} in the prompt, {max_tokens} for the "
+            "completion)",
+            param="max_tokens",
+        )
     need = -(-(n_prompt + 1) // state.block_size)
     cap = state.class_capacity_blocks[res.priority]
     if need > cap:
-        raise APIError(400, f"the prompt needs {need} KV blocks; the cache holds at most {cap} "
-                       f"for a {res.priority.tier} request")  # fmt: skip
+        raise APIError(
+            400,
+            f"the prompt needs {need} KV blocks; the cache holds at most {cap} "
+            f"for a {res.priority.tier} request",
+        )
     decision = state.admission.decide(res.priority, tenant.name, (n_prompt + max_tokens) * body.n)
     if not decision.admitted:
         state.metrics.on_rejected(decision.error_type or "invalid_request", res.priority)
         return admission_response(decision)
     if decision.shed_request_id is not None:
-        state.engine.fail(decision.shed_request_id, "shed: the queue was full and a realtime "
-                          "(P0) request took its place; retry later")  # fmt: skip
+        state.engine.fail(
+            decision.shed_request_id,
+            "shed: the queue was full and a realtime (P0) request took its place; retry later",
+        )
     now = state.engine.core.clock.now()
     rid = f"{prefix}-{uuid.uuid4().hex[:16]}"
     deadline = now + body.sla_latency_ms / 1000 if body.sla_latency_ms else None

@@ -69,8 +69,9 @@ def run_tierserve(built, concurrency: int, rounds: int, prompt_len: int, out_len
 
     def submit() -> None:
         nonlocal next_id
-        eng.add_request(Request(f"b{concurrency}-{next_id}", prompts[next_id], sp,
-                                arrival_time=eng.clock.now()))  # fmt: skip
+        eng.add_request(
+            Request(f"b{concurrency}-{next_id}", prompts[next_id], sp, arrival_time=eng.clock.now())
+        )
         next_id += 1
 
     for _ in range(concurrency):
@@ -107,14 +108,19 @@ def build_hf(built, weights):
     c = built.model_config
     hf = LlamaForCausalLM(
         LlamaConfig(
-            vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-            intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
-            num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-            head_dim=c.head_dim, rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps,
+            vocab_size=c.vocab_size,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_layers,
+            num_attention_heads=c.num_heads,
+            num_key_value_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            rope_theta=c.rope_theta,
+            rms_norm_eps=c.rms_norm_eps,
             max_position_embeddings=c.max_position_embeddings,
             tie_word_embeddings=c.tie_word_embeddings,
         )
-    )  # fmt: skip
+    )
     hf.load_state_dict(weights, strict=False)
     return hf.eval()
 
@@ -138,13 +144,23 @@ def roofline(config, batch: int, context: int, flops_peak: float, bw_peak: float
 
 
 def run_engine_bench(
-    concurrencies=(1, 8, 32, 64), rounds: int = 2, prompt_len: int = 128, out_len: int = 64,
-    with_transformers: bool = True, dtype: str | None = None,
-) -> tuple[list[BenchRow], dict]:  # fmt: skip
+    concurrencies=(1, 8, 32, 64),
+    rounds: int = 2,
+    prompt_len: int = 128,
+    out_len: int = 64,
+    with_transformers: bool = True,
+    dtype: str | None = None,
+) -> tuple[list[BenchRow], dict]:
     from tierserve.model.loader import load_model
 
-    built = build_engine(EngineArgs(kv_cache_gib=1.0, max_num_seqs=max(concurrencies),
-                                    max_num_batched_tokens=2048, dtype=dtype))  # fmt: skip
+    built = build_engine(
+        EngineArgs(
+            kv_cache_gib=1.0,
+            max_num_seqs=max(concurrencies),
+            max_num_batched_tokens=2048,
+            dtype=dtype,
+        )
+    )
     rows = []
     hf = build_hf(built, load_model().state_dict()) if with_transformers else None
     for n in concurrencies:

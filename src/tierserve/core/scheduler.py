@@ -128,8 +128,8 @@ class Scheduler:
         express = self._express_step()
         if not express:
             self._swap_in(plan)
-        self._schedule_running(plan, only_p0=express)
-        self._admit_waiting(plan, now, only_p0=express)
+        self._schedule_running(plan, express)
+        self._admit_waiting(plan, now, only_p0=bool(express))
         out = plan.build(self.running, self.kv, self._known)
         if self.config.check_invariants:
             self.check_invariants(out)
@@ -165,30 +165,37 @@ class Scheduler:
             plan.swap_in(req, mapping)
             self.preemptions.swapped_in_blocks += len(mapping)
 
-    def _express_step(self) -> bool:
-        """A P0 request is waiting: run a step of P0 work only, so its first token does not
-        wait for everyone else's decode (rate-limited so the others cannot starve)."""
+    def _express_step(self) -> str | None:
+        """A P0 request is waiting: build the next step for it (see SchedulerConfig.p0_express),
+        so its first token does not wait behind other classes' work. Rate-limited so the others
+        cannot starve. Returns the express mode, or None for a normal step."""
         cfg = self.config
-        if not (cfg.p0_express and self.policy.p0_strict) or self._waiting_count[Priority.P0] == 0:
-            return False
+        if cfg.p0_express == "off" or not self.policy.p0_strict:
+            return None
+        if self._waiting_count[Priority.P0] == 0:
+            return None
         if self._step - self._last_express <= cfg.p0_express_min_gap:
-            return False
+            return None
         self._last_express = self._step
         self.express_steps += 1
-        return True
+        return cfg.p0_express
 
-    def _schedule_running(self, plan: StepPlan, only_p0: bool = False) -> None:
-        # Tokens waiting in each class and all more urgent ones: a running request's prefill
-        # chunk leaves that much budget to the waiting requests that outrank it, so a P0 arrival
-        # is not stuck behind a long P2 prompt. Decode steps (one token) are never held back.
-        ahead = list(itertools.accumulate([0, *self._waiting_tokens]))
+    def _schedule_running(self, plan: StepPlan, express: str | None = None) -> None:
+        # A running request's prefill chunk leaves budget for the tokens waiting in classes the
+        # policy serves strictly before it (P0 under hybrid; every more urgent class under
+        # strict), so such a request is not stuck behind a long lower-class prompt admitted
+        # earlier. Decodes (one token) are never held back.
+        ahead = self._strict_ahead()
         for req in sorted(self.running.values(), key=rank):
             if req.request_id not in self.running or plan.budget <= 0:
                 continue
-            if only_p0 and req.priority != Priority.P0:
+            lower = req.priority != Priority.P0
+            if express == "exclusive" and lower:
                 break  # ranked by class: everyone after this is lower
             n = self._tokens_for(req, plan.budget)
-            if n > 1:
+            if express == "decode" and lower and n > 1:
+                continue  # lower classes decode, their prefill chunks wait for a normal step
+            if n > 1 and ahead[req.priority]:
                 n = min(n, max(1, plan.budget - ahead[req.priority]))
             if n == 0:
                 continue
@@ -206,6 +213,14 @@ class Scheduler:
                     self._changed.append(req)
                 else:
                     self._preempt(req, plan)
+
+    def _strict_ahead(self) -> list[int]:
+        """Tokens waiting, per class, in the classes the policy serves strictly before it."""
+        strict = self.policy.strict_before
+        ahead = [0] * NUM_PRIORITIES
+        for c in range(NUM_PRIORITIES):
+            ahead[c] = sum(self._waiting_tokens[k] for k in strict(Priority(c)))
+        return ahead
 
     def _admit_waiting(self, plan: StepPlan, now: float, only_p0: bool = False) -> None:
         while plan.budget > 0:

@@ -30,7 +30,8 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     preemption_mode: str = "auto"
     swap_cost_ratio: float = 0.3
-    p0_express: bool = True
+    # None: "exclusive" on the CPU, "decode" on CUDA (see SchedulerConfig.p0_express).
+    p0_express: str | None = None
     seed: int | None = None
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)

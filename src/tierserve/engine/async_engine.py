@@ -247,10 +247,13 @@ class AsyncEngine:
         self._put(
             stream,
             StreamDelta(
-                finished=True, finish_reason=reason, error=error,
-                num_prompt_tokens=req.num_prompt_tokens, num_output_tokens=req.num_output_tokens,
+                finished=True,
+                finish_reason=reason,
+                error=error,
+                num_prompt_tokens=req.num_prompt_tokens,
+                num_output_tokens=req.num_output_tokens,
             ),
-        )  # fmt: skip
+        )
 
     def _close(self, rid: str) -> None:
         self._streams.pop(rid, None)

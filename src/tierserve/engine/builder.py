@@ -47,8 +47,10 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
     executor = TorchExecutor(
         model, num_blocks, args.block_size, num_cpu, seed=args.seed, measure=args.measure_costs
     )
-    max_len = min(args.max_model_len or loaded.config.max_position_embeddings,
-                  loaded.config.max_position_embeddings)  # fmt: skip
+    max_len = min(
+        args.max_model_len or loaded.config.max_position_embeddings,
+        loaded.config.max_position_embeddings,
+    )
     engine = EngineCore.build(
         executor,
         clock or WallClock(),
@@ -65,7 +67,8 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             max_model_len=max_len,
             preemption_mode=args.preemption_mode,
             swap_cost_ratio=args.swap_cost_ratio,
-            p0_express=args.p0_express,
+            p0_express=args.p0_express
+            or ("decode" if model.device.type == "cuda" else "exclusive"),
         ),
         args.policy,
         args.priorities,

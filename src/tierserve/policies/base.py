@@ -47,6 +47,12 @@ class Policy(ABC):
     # Whether a waiting P0 request is always served before any other class.
     p0_strict: bool = False
 
+    def strict_before(self, priority: Priority) -> tuple[Priority, ...]:
+        """Classes whose waiting requests this policy always serves before `priority`."""
+        if self.p0_strict and priority != Priority.P0:
+            return (Priority.P0,)
+        return ()
+
     def __init__(self, config: PolicyConfig, priorities: PriorityConfig | None = None) -> None:
         self.config = config
         self.priorities = priorities or PriorityConfig()
@@ -153,6 +159,7 @@ class ClassedPolicy(Policy):
         self._charged: set[str] = set()  # served once already: no second charge on requeue
         self._aging = self.uses_aging and config.aging
         self._entered: dict[str, float] = {}  # time the request entered its current class
+        self._deadlines: dict[str, float] = {}
         self._age_heaps: list[list[tuple[float, int, str]]] = [[] for _ in range(NUM_PRIORITIES)]
         self._age_seq = 0
         self._peeked: tuple | None = None
@@ -160,13 +167,20 @@ class ClassedPolicy(Policy):
         self.promotions = 0
 
     # -- keys ----------------------------------------------------------------------------------
-    def deadline(self, request: Request) -> float:
-        if request.deadline is not None:
-            return request.deadline
+    def deadline(self, request: Request, entered: float | None = None) -> float:
+        """When the first token is due: the request's own deadline, else its submitted class's
+        SLA from arrival (inf without one). Aging moves a request to a more urgent class but
+        keeps this deadline, so inside that class it stays behind requests due sooner: a
+        promoted batch request cannot crowd out online traffic that is on time, and is served
+        whenever that class's queue drains (it cannot starve unless that class alone exceeds
+        capacity)."""
+        d = request.deadline if request.deadline is not None else math.inf
         sla = self.priorities.sla(request.base_priority)
-        return request.arrival_time + sla if sla is not None else math.inf
+        if sla is not None:
+            d = min(d, request.arrival_time + sla)
+        return d
 
-    def order_key(self, request: Request) -> tuple:
+    def order_key(self, request: Request, entered: float | None = None) -> tuple:
         """Order inside a class: arrival (subclasses may use deadlines)."""
         return arrival_key(request)
 
@@ -187,14 +201,16 @@ class ClassedPolicy(Policy):
         if rid in self._where:
             raise ValueError(f"request {rid} is already waiting")
         c = int(request.priority)
+        key = self.order_key(request, entered)
         if head:
-            self.queues[c].push_head(request, self.order_key(request))
+            self.queues[c].push_head(request, key)
         else:
-            self.queues[c].push(request, self.order_key(request))
+            self.queues[c].push(request, key)
         self._where[rid] = c
         self._reqs[rid] = request
+        self._entered[rid] = entered
+        self._deadlines[rid] = self.deadline(request, entered)
         if self._aging and c > self.top_promotion_class:
-            self._entered[rid] = entered
             heapq.heappush(self._age_heaps[c], (entered, self._age_seq, rid))
             self._age_seq += 1
 
@@ -205,6 +221,7 @@ class ClassedPolicy(Policy):
         self.queues[c].remove(request.request_id)
         del self._reqs[request.request_id]
         self._entered.pop(request.request_id, None)
+        self._deadlines.pop(request.request_id, None)
         self._charged.discard(request.request_id)
         return True
 
@@ -245,6 +262,7 @@ class ClassedPolicy(Policy):
         del self._where[rid]
         del self._reqs[rid]
         self._entered.pop(rid, None)
+        self._deadlines.pop(rid, None)
         self._charged.discard(rid)
         self._commit(pick, request, cost)
 

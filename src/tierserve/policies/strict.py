@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from tierserve.policies.base import ClassedPolicy, SchedulerState
 from tierserve.policies.registry import register_policy
+from tierserve.priority import Priority
 
 
 @register_policy("strict")
 class StrictPolicy(ClassedPolicy):
     p0_strict = True
+
+    def strict_before(self, priority: Priority) -> tuple[Priority, ...]:
+        return tuple(Priority(c) for c in range(int(priority)))
 
     def _choose(self, state: SchedulerState) -> tuple | None:
         for c, q in enumerate(self.queues):

@@ -33,9 +33,22 @@ class _SFQPolicy(ClassedPolicy):
         self.vtime = 0.0
         self.finish = [0.0] * NUM_PRIORITIES
 
-    def order_key(self, request: Request) -> tuple:
-        # Earliest deadline first inside a class; requests without an SLA go last, by arrival.
-        return (self.deadline(request), request.arrival_time, request.arrival_seq)
+    # SLA urgency (hybrid): a class head that has used `sla_urgency_fraction` (default 1/5) of
+    # its TTFT SLA is urgent; urgent heads go before the fair share, the most urgent class
+    # first. Under overload the tighter SLA is protected and looser ones absorb the queueing.
+    sla_urgency: bool = False
+
+    def order_key(self, request: Request, entered: float | None = None) -> tuple:
+        # Inside a class: the class's own requests before ones promoted into it by aging (aging
+        # raises a request's share, not its precedence over on-time traffic of that class), then
+        # earliest deadline first (no SLA: last), then arrival.
+        promoted = request.priority != request.base_priority
+        return (
+            promoted,
+            self.deadline(request, entered),
+            request.arrival_time,
+            request.arrival_seq,
+        )
 
     def _choose(self, state: SchedulerState) -> tuple | None:
         backlog = [c for c in range(NUM_PRIORITIES) if len(self.queues[c])]
@@ -45,6 +58,14 @@ class _SFQPolicy(ClassedPolicy):
             if c in self.strict_classes:
                 return (c, None)
         fair = [c for c in backlog if c not in self.best_effort_classes]
+        if fair and self.sla_urgency:
+            for c in fair:  # in class order: the most urgent class first
+                head = self.queues[c].peek()
+                due = self._deadlines[head.request_id]
+                frac = self.config.sla_urgency_fraction
+                urgent_at = head.arrival_time + frac * (due - head.arrival_time)
+                if urgent_at <= state.now:
+                    return (c, max(self.vtime, self.finish[c]))
         if fair:
             start, c = min((max(self.vtime, self.finish[c]), c) for c in fair)
             return (c, start)
@@ -67,11 +88,15 @@ class WFQPolicy(_SFQPolicy):
 @register_policy("hybrid")
 class HybridPolicy(_SFQPolicy):
     """P0 strict (and backed by its reserved memory): it never waits behind another class.
-    P1-P2 weighted fair (SFQ, tenant-fair, EDF, aging P2 -> P1). P3 best effort: served only when
-    nothing else waits and seats are idle, and it ages into P2 so it never starves. Aging stops
-    at P1: realtime capacity is not handed to traffic that was not sent as realtime."""
+    P1-P2 weighted fair (SFQ, tenant-fair, EDF inside a class, aging P2 -> P1), except that a
+    head that has used a fifth of its TTFT SLA goes first, the more urgent class first: under
+    overload P1's 5 s SLA is protected and P2 (60 s) absorbs the queueing. P3 best effort:
+    served only when nothing else waits and seats are idle; it ages into P2 and then P1, so it
+    is served whenever those queues drain. Aging stops at P1: realtime capacity is not handed to
+    traffic that was not sent as realtime."""
 
     p0_strict = True
+    sla_urgency = True
     strict_classes = frozenset({int(Priority.P0)})
     best_effort_classes = frozenset({int(Priority.P3)})
     top_promotion_class = Priority.P1

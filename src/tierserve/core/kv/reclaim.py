@@ -62,10 +62,17 @@ def reclaim_order(
         )
         out.append(
             Victim(
-                rid, h.priority, len(h.blocks), h.num_tokens, sum(by_class), sum(b_by_class),
-                tuple(b_by_class), gain, tuple(by_class),
+                rid,
+                h.priority,
+                len(h.blocks),
+                h.num_tokens,
+                sum(by_class),
+                sum(b_by_class),
+                tuple(b_by_class),
+                gain,
+                tuple(by_class),
             )
-        )  # fmt: skip
+        )
     out.sort(key=lambda v: (-v.priority, v.borrowed_blocks == 0, v.num_tokens))
     return out
 

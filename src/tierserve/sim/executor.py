@@ -1,0 +1,76 @@
+"""SimExecutor: an executor with no tensors. It prices each SchedulerOutput with the cost model,
+moves the virtual clock forward by that much, and "samples" a token for every request whose
+known tokens are all computed. The scheduler and KV manager it serves are the real ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tierserve.clock import ManualClock
+from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
+from tierserve.core.preemption import PreemptionCosts
+from tierserve.sim.cost_model import CostModel
+
+SIM_TOKEN = 1  # every simulated token; outputs end by max_tokens (ignore_eos)
+
+
+@dataclass
+class _State:
+    num_tokens: int
+    num_computed: int
+
+
+@dataclass
+class SimTotals:
+    busy_s: float = 0.0
+    flops: float = 0.0
+    bytes: float = 0.0
+    swap_s: float = 0.0
+    steps: int = 0
+
+
+class SimExecutor:
+    def __init__(self, cost: CostModel, clock: ManualClock, block_size: int) -> None:
+        self.cost = cost
+        self.clock = clock
+        self.block_size = block_size
+        self.states: dict[str, _State] = {}
+        self.totals = SimTotals()
+        self.last_step_s = 0.0
+
+    def preemption_costs(self) -> PreemptionCosts:
+        return PreemptionCosts(
+            kv_bytes_per_block=self.cost.kv_bytes_per_block(self.block_size),
+            swap_bytes_per_s=self.cost.hw.pcie_bandwidth * self.cost.tp,
+            prefill_tokens_per_s=self.cost.prefill_tokens_per_s(),
+        )
+
+    def execute(self, out: SchedulerOutput) -> ExecutorOutput:
+        for rid in out.finished_req_ids | out.preempted_req_ids:
+            self.states.pop(rid, None)
+        for new in out.scheduled_new:
+            self.states[new.request_id] = _State(len(new.token_ids), new.num_computed_tokens)
+        chunks, sampled = [], []
+        for rid, n in out.num_scheduled_tokens.items():
+            st = self.states[rid]
+            st.num_computed += n
+            chunks.append((n, st.num_computed))
+            if st.num_computed == st.num_tokens:
+                sampled.append(rid)
+                st.num_tokens += 1
+        step = self.cost.step(chunks, len(sampled))
+        swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
+        swap_s = self.cost.swap_seconds(swapped, self.block_size) if swapped else 0.0
+        seconds = step.seconds + swap_s
+        t = self.totals
+        t.busy_s += seconds
+        t.flops += step.flops
+        t.bytes += step.bytes
+        t.swap_s += swap_s
+        t.steps += 1
+        self.last_step_s = seconds
+        self.clock.advance(seconds)
+        return ExecutorOutput(
+            sampled_token_ids={rid: SIM_TOKEN for rid in sampled},
+            logprobs={rid: 0.0 for rid in sampled},
+        )

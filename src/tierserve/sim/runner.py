@@ -1,0 +1,142 @@
+"""One simulation run: build the real scheduler + KV manager + policy around a SimExecutor and a
+virtual clock, drive it with a workload, and summarise."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from tierserve.admission import AdmissionController
+from tierserve.clock import ManualClock
+from tierserve.config import (
+    AdmissionConfig,
+    CacheConfig,
+    PartitionConfig,
+    PolicyConfig,
+    PriorityConfig,
+    SchedulerConfig,
+)
+from tierserve.engine.core import EngineCore
+from tierserve.sim.cost_model import CostModel
+from tierserve.sim.driver import DriveResult, drive
+from tierserve.sim.executor import SimExecutor
+from tierserve.sim.profiles import load_hardware, load_model_profile
+from tierserve.sim.stats import run_stats
+from tierserve.sim.workload import Workload, WorkloadConfig
+
+# Deep queues: the seed table measures latency under load, not admission refusals.
+SIM_ADMISSION = AdmissionConfig(
+    max_queued_requests=(1 << 20,) * 4, max_queued_tokens=(1 << 40,) * 4
+)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    policy: str = "hybrid"
+    hardware: str = "a100-80gb"
+    model: str = "llama-3.1-70b"
+    tp: int = 8
+    block_size: int = 16
+    max_num_seqs: int = 512
+    max_num_batched_tokens: int = 2048
+    swap_gib_per_device: float = 16.0
+    preemption_mode: str = "auto"
+    p0_express: str = "decode"  # GPU: decode hides under compute-bound prefill
+    num_kv_blocks: int | None = None
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    partitions: PartitionConfig = field(default_factory=PartitionConfig)
+    priorities: PriorityConfig = field(default_factory=PriorityConfig)
+    admission: AdmissionConfig = SIM_ADMISSION
+    kv_sample_points: int = 400
+
+
+def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
+    cost = CostModel(load_hardware(cfg.hardware), load_model_profile(cfg.model), cfg.tp)
+    blocks = cfg.num_kv_blocks or cost.kv_capacity_tokens() // cfg.block_size
+    swap = int(
+        cfg.swap_gib_per_device * (1 << 30) * cfg.tp // cost.kv_bytes_per_block(cfg.block_size)
+    )
+    clock = ManualClock()
+    ex = SimExecutor(cost, clock, cfg.block_size)
+    engine = EngineCore.build(
+        ex,
+        clock,
+        CacheConfig(cfg.block_size, blocks, swap, partitions=cfg.partitions),
+        SchedulerConfig(
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_model_len=1 << 20,
+            preemption_mode=cfg.preemption_mode,
+            p0_express=cfg.p0_express,
+        ),
+        PolicyConfig(name=cfg.policy),
+        cfg.priorities,
+    )
+    return engine, ex, cost
+
+
+def _kv_series(result: DriveResult, points: int) -> list[dict]:
+    s = result.samples
+    stride = max(1, len(s) // points)
+    return [
+        {
+            "t": x.time,
+            "usage": x.kv_usage,
+            "floor": x.floor_used,
+            "reserve": x.reserve_used,
+            "shared": x.shared_used,
+            "borrowed": x.borrowed,
+            "running": x.running,
+            "waiting": x.waiting,
+        }
+        for x in s[::stride]
+    ]
+
+
+def run_simulation(cfg: SimConfig, progress=None) -> dict:
+    t0 = time.perf_counter()
+    engine, ex, cost = build(cfg)
+    wl = Workload(cfg.workload)
+    admission = AdmissionController(cfg.admission, engine.scheduler, engine.clock, cfg.priorities)
+    result = drive(engine, wl, admission, engine.clock.set, progress)
+    w = cfg.workload
+    lo, hi = w.warmup_s, w.duration_s
+    out = run_stats(result, lo, hi, cfg.priorities)
+    window = [x for x in result.samples if lo <= x.time < hi]
+    busy = sum(x.duration for x in window)
+    hw = cost.hw
+    sched = engine.scheduler
+    out.update(
+        policy=cfg.policy,
+        concurrency=w.concurrency if w.arrival == "closed" else None,
+        arrival=w.arrival,
+        rate=w.rate if w.arrival != "closed" else None,
+        hardware=cfg.hardware,
+        model=cfg.model,
+        tp=cfg.tp,
+        utilization=busy / (hi - lo),
+        flop_utilization=ex.totals.flops / max(ex.totals.busy_s, 1e-9) / (hw.peak_flops * cfg.tp),
+        bandwidth_utilization=ex.totals.bytes
+        / max(ex.totals.busy_s, 1e-9)
+        / (hw.mem_bandwidth * cfg.tp),
+        preemptions={"swap": sched.preemptions.swap, "recompute": sched.preemptions.recompute},
+        swap_blocks={
+            "in": sched.preemptions.swapped_in_blocks,
+            "out": sched.preemptions.swapped_out_blocks,
+        },
+        p0_express_steps=sched.express_steps,
+        kv_blocks=sched.kv.pool.num_blocks,
+        kv_usage_series=_kv_series(result, cfg.kv_sample_points),
+        steps=ex.totals.steps,
+        simulated_s=result.end_time,
+        wall_s=time.perf_counter() - t0,
+        config={
+            "workload": {k: v for k, v in asdict(w).items() if k != "classes"},
+            "max_num_seqs": cfg.max_num_seqs,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "preemption_mode": cfg.preemption_mode,
+            "p0_express": cfg.p0_express,
+        },
+    )
+    sched.check_invariants()
+    return out

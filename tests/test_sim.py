@@ -1,0 +1,278 @@
+"""Simulator: cost model against a hand calculation, event ordering, reproducibility, workload,
+calibration fit, and the simulate command's outputs."""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tierserve.priority import Priority
+from tierserve.sim.cost_model import CostModel
+from tierserve.sim.events import EventKind, EventQueue
+from tierserve.sim.profiles import load_hardware, load_model_profile, shipped_profiles
+from tierserve.sim.runner import SimConfig, run_simulation
+from tierserve.sim.workload import Workload, WorkloadConfig
+
+
+def test_70b_decode_step_on_8_a100_matches_a_hand_calculation():
+    """32 requests decode one token each at context 1000, Llama-3.1-70B, TP 8 on A100-80GB."""
+    cm = CostModel(load_hardware("a100-80gb"), load_model_profile("llama-3.1-70b"), tp=8)
+    # Per layer: q/k/v/o projections + gated MLP = 8192*(8192+2*1024) + 8192*8192 + 3*8192*28672.
+    layer = 8192 * 10240 + 8192 * 8192 + 3 * 8192 * 28672
+    assert layer == 855_638_016
+    params_layers = 80 * layer  # 68,451,041,280
+    params_head = 128_256 * 8192  # 1,050,673,152
+    flops_linear = 2 * (params_layers + params_head) * 32  # every row samples
+    flops_attn = 4 * 80 * 64 * 128 * 32 * 1000  # 1000 (q, k) pairs per request
+    compute = flops_linear / 8 / (312e12 * 0.55) + flops_attn / 8 / (312e12 * 0.40)
+    weight_bytes = (params_layers + params_head) * 2
+    kv_bytes = (32 * 1000 + 32) * (2 * 80 * 1024 * 2)  # contexts read + new tokens written
+    memory = (weight_bytes + kv_bytes) / 8 / (2039e9 * 0.80)
+    allreduce = 15e-6 + 2 * 7 / 8 * (32 * 8192 * 2) / 230e9
+    expected = 0.004 + max(compute, memory) + 2 * 80 * allreduce
+    assert expected == pytest.approx(0.018495, abs=1e-6)  # memory-bound: ~18.5 ms
+    got = cm.step([(1, 1000)] * 32, 32)
+    assert got.seconds == pytest.approx(expected, rel=1e-12)
+    assert got.memory_s > got.compute_s
+
+
+def test_kv_capacity_and_swap_cost_follow_from_memory():
+    cm = CostModel(load_hardware("a100-80gb"), load_model_profile("llama-3.1-70b"), tp=8)
+    per_device = 85_899_345_920 - cm.weight_bytes / 8 - 6_442_450_944
+    assert cm.kv_capacity_tokens() == int(per_device * 8 // 327_680)
+    assert cm.swap_seconds(100, 16) == pytest.approx(100 * 327_680 * 16 / 8 / 25e9)
+    with pytest.raises(ValueError, match="does not fit"):
+        CostModel(
+            load_hardware("a100-80gb"), load_model_profile("llama-3.1-70b"), 1
+        ).kv_capacity_tokens()
+
+
+def test_shipped_profiles_and_bad_names():
+    names = shipped_profiles()
+    for n in (
+        "a100-80gb",
+        "h100-80gb",
+        "h200-141gb",
+        "cpu-local",
+        "llama-3.1-8b",
+        "llama-3.1-70b",
+        "smollm2-135m",
+    ):
+        assert n in names
+    assert load_hardware("cpu-local").mode == "additive"
+    with pytest.raises(ValueError, match="unknown profile"):
+        load_hardware("tpu-v9")
+    with pytest.raises(ValueError, match="not a hardware profile"):
+        load_hardware("llama-3.1-8b")
+
+
+def test_equal_time_events_follow_the_documented_order():
+    q = EventQueue()
+    q.push(1.0, EventKind.ARRIVAL, "a1")
+    q.push(1.0, EventKind.SAMPLE, "s1")
+    q.push(1.0, EventKind.COMPLETION, "c1")
+    q.push(0.5, EventKind.ARRIVAL, "early")
+    q.push(1.0, EventKind.ARRIVAL, "a2")
+    q.push(2.0, EventKind.COMPLETION, "late")
+    got = [p for _, _, p in q.pop_due(1.0)]
+    # Time first; at equal time completion < arrival < sample; then insertion order.
+    assert got == ["early", "c1", "a1", "a2", "s1"]
+    assert len(q) == 1 and q.peek_time() == 2.0
+
+
+SMALL = SimConfig(
+    hardware="h100-80gb",
+    model="llama-3.1-8b",
+    tp=1,
+    max_num_seqs=64,
+    max_num_batched_tokens=1024,
+    workload=WorkloadConfig(concurrency=24, duration_s=40.0, warmup_s=10.0, seed=3),
+)
+
+
+def _strip(r):
+    return {k: v for k, v in r.items() if k != "wall_s"}
+
+
+def test_same_seed_same_results_and_a_different_seed_differs():
+    a, b = run_simulation(SMALL), run_simulation(SMALL)
+    assert _strip(a) == _strip(b)
+    c = run_simulation(replace(SMALL, workload=replace(SMALL.workload, seed=4)))
+    assert _strip(c) != _strip(a)
+    assert a["completed"] > 50 and a["failed"] == 0 and a["unfinished"] == 0
+    assert 0.9 < a["utilization"] <= 1.0001
+
+
+def test_open_loop_poisson_and_gamma_runs():
+    for arrival in ("poisson", "gamma"):
+        wl = replace(SMALL.workload, arrival=arrival, rate=3.0)
+        r = run_simulation(replace(SMALL, workload=wl))
+        n = sum(c["requests"] for c in r["classes"].values())
+        assert 60 <= n <= 140  # ~3/s over the 30 s window
+        assert r["failed"] == 0
+
+
+def test_workload_is_reproducible_and_follows_the_mix():
+    cfg = WorkloadConfig(seed=11)
+    a, b = Workload(cfg), Workload(cfg)
+    ra, rb = [a.make(0.0) for _ in range(50)], [b.make(0.0) for _ in range(50)]
+    assert [(r.priority, r.prompt_token_ids, r.sampling_params.max_tokens) for r in ra] == [
+        (r.priority, r.prompt_token_ids, r.sampling_params.max_tokens) for r in rb
+    ]
+    w = Workload(cfg)
+    reqs = [w.make(0.0) for _ in range(10_000)]
+    for p, share in zip(Priority, cfg.mix, strict=True):
+        got = sum(r.priority == p for r in reqs) / len(reqs)
+        assert abs(got - share) < 0.02
+        spec = cfg.classes[p]
+        lens = [r.num_prompt_tokens for r in reqs if r.priority == p]
+        assert spec.prompt.lo <= min(lens) and max(lens) <= spec.prompt.hi
+
+
+def test_shared_prefixes_give_prefix_cache_hits():
+    wl = replace(SMALL.workload, shared_prefixes=True)
+    from tierserve.sim.runner import build
+
+    engine, _, _ = build(replace(SMALL, workload=wl))
+    w = Workload(wl)
+    for _ in range(40):
+        engine.add_request(w.make(0.0))
+    while engine.has_unfinished():
+        engine.step()
+    stats = engine.scheduler.kv.stats()
+    assert stats.prefix_hits[Priority.P1] > 0
+
+
+def test_invalid_workloads_are_refused():
+    with pytest.raises(ValueError, match="mix"):
+        WorkloadConfig(mix=(1, 1, 1))
+    with pytest.raises(ValueError, match="arrival"):
+        WorkloadConfig(arrival="bursty")
+    with pytest.raises(ValueError, match="warmup"):
+        WorkloadConfig(duration_s=10, warmup_s=20)
+
+
+def test_nnls_recovers_known_non_negative_coefficients():
+    from tierserve.sim.calibrate import _nnls
+
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0, 1, (60, 6))
+    x = np.array([0.5, 0.0, 2.0, 0.0, 1.5, 0.25])
+    got = _nnls(a, a @ x)
+    assert np.allclose(got, x, atol=1e-8)
+    assert (_nnls(a, a @ x - 5.0) >= 0).all()
+
+
+def test_calibration_fit_recovers_a_synthetic_additive_machine():
+    from tierserve.sim.calibrate import fit
+    from tierserve.sim.profiles import HardwareProfile
+
+    hw = HardwareProfile(
+        name="truth",
+        mode="additive",
+        peak_flops=1e11,
+        mem_bandwidth=2e10,
+        memory_bytes=0,
+        compute_efficiency=0.5,
+        attention_efficiency=0.25,
+        memory_efficiency=0.5,
+        allreduce_bus_bandwidth=1,
+        allreduce_latency_s=0,
+        pcie_bandwidth=1e10,
+        step_overhead_s=0.02,
+        per_seq_overhead_s=0.001,
+        activation_headroom_bytes=0,
+        kv_memory_efficiency=0.1,
+    )
+    model = load_model_profile("smollm2-135m")
+    truth = CostModel(hw, model, 1)
+    rng = np.random.default_rng(1)
+    rows = []
+    for _ in range(200):
+        chunks = [(int(rng.integers(1, 400)), 0) for _ in range(int(rng.integers(1, 4)))]
+        chunks = [(n, n + int(rng.integers(0, 600))) for n, _ in chunks]
+        chunks += [(1, int(rng.integers(2, 900))) for _ in range(int(rng.integers(0, 40)))]
+        rows.append((chunks, len(chunks), truth.step(chunks, len(chunks)).seconds))
+    coef, err = fit(rows, truth)
+    assert err < 1e-6
+    assert coef["per_seq_overhead_s"] == pytest.approx(0.001, rel=1e-6)
+    assert coef["s_per_lin_flop"] == pytest.approx(1 / (1e11 * 0.5), rel=1e-6)
+    assert coef["s_per_attn_flop"] == pytest.approx(1 / (1e11 * 0.25), rel=1e-6)
+    assert coef["s_per_kv_byte"] == pytest.approx(1 / (2e10 * 0.1), rel=1e-6)
+    # Every step reads the same weights, so that term and the fixed overhead are one constant.
+    weight_s = truth.features([(1, 1)], 1)[3] / (2e10 * 0.5)
+    assert coef["step_overhead_s"] + coef["s_per_weight_byte"] * truth.features([(1, 1)], 1)[3] == (
+        pytest.approx(0.02 + weight_s, rel=1e-6)
+    )
+
+
+def test_simulate_command_writes_results_report_and_plots(tmp_path):
+    from tierserve.cli import main
+
+    out = tmp_path / "sim"
+    rc = main(
+        [
+            "simulate",
+            "--policy",
+            "fcfs",
+            "--policy",
+            "hybrid",
+            "--concurrency",
+            "8",
+            "16",
+            "--hardware",
+            "h100-80gb",
+            "--model",
+            "llama-3.1-8b",
+            "--tp",
+            "1",
+            "--duration",
+            "30",
+            "--warmup",
+            "5",
+            "--workers",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    results = json.loads((out / "results.json").read_text())
+    assert {(r["policy"], r["concurrency"]) for r in results} == {
+        ("fcfs", 8),
+        ("fcfs", 16),
+        ("hybrid", 8),
+        ("hybrid", 16),
+    }
+    r = results[0]
+    for key in (
+        "throughput_tokens_per_s",
+        "throughput_total_tokens_per_s",
+        "utilization",
+        "failed",
+        "preemptions",
+        "kv_usage_series",
+    ):
+        assert key in r
+    assert r["classes"]["P0"]["ttft_p95_s"] is None or r["classes"]["P0"]["ttft_p95_s"] > 0
+    assert "sla_attainment" in r["classes"]["P1"]
+    report = (out / "report.md").read_text()
+    assert "## P0 P95 time to first token" in report and "| 16 |" in report
+    for png in ("ttft_p95.png", "kv_usage.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_seed_table_grid_is_the_seed_design():
+    from tierserve.sim.scenarios import seed_table_configs
+
+    cfgs = seed_table_configs()
+    grid = {(c.policy, c.workload.concurrency) for c in cfgs}
+    assert grid == {(p, c) for p in ("fcfs", "drr", "hybrid") for c in (32, 64, 128, 256, 512)}
+    assert all(
+        c.model == "llama-3.1-70b"
+        and c.tp == 8
+        and c.hardware == "a100-80gb"
+        and c.block_size == 16
+        for c in cfgs
+    )
