@@ -49,11 +49,20 @@ def _simulate(args: argparse.Namespace) -> int:
 
     from tierserve.sim.report import targets, write_all
     from tierserve.sim.runner import SimConfig
-    from tierserve.sim.scenarios import SEED_BASE, grid_configs, run_grid, seed_table_configs
+    from tierserve.sim.scenarios import (
+        MEMORY_PRESSURE_BASE,
+        SEED_BASE,
+        grid_configs,
+        run_grid,
+        seed_table_configs,
+    )
     from tierserve.sim.workload import WorkloadConfig
 
     if args.scenario == "seed-table":
         configs, title = seed_table_configs(), "Seed table: P0/P1 TTFT under mixed load"
+    elif args.scenario == "memory-pressure":
+        configs = seed_table_configs(MEMORY_PRESSURE_BASE)
+        title = "Memory pressure: the seed grid with the KV cache capped at 12,000 blocks"
     else:
         wl = WorkloadConfig(
             arrival=args.arrival,
@@ -161,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_bench_engine)
 
     sm = sub.add_parser("simulate", help="run the real scheduler on a simulated cluster")
-    sm.add_argument("--scenario", choices=["seed-table", "custom"], default="custom")
+    sm.add_argument(
+        "--scenario", choices=["seed-table", "memory-pressure", "custom"], default="custom"
+    )
     sm.add_argument("--out", default="out/sim", help="folder for results.json, report.md, PNGs")
     sm.add_argument("--policy", action="append", help="policy (repeatable; default fcfs, hybrid)")
     sm.add_argument("--concurrency", type=int, nargs="+", default=[32, 128, 512])

@@ -47,7 +47,7 @@ class SimConfig:
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
     priorities: PriorityConfig = field(default_factory=PriorityConfig)
     admission: AdmissionConfig = SIM_ADMISSION
-    kv_sample_points: int = 400
+    kv_sample_points: int = 200
 
 
 def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
@@ -80,8 +80,8 @@ def _kv_series(result: DriveResult, points: int) -> list[dict]:
     stride = max(1, len(s) // points)
     return [
         {
-            "t": x.time,
-            "usage": x.kv_usage,
+            "t": round(x.time, 3),
+            "usage": round(x.kv_usage, 4),
             "floor": x.floor_used,
             "reserve": x.reserve_used,
             "shared": x.shared_used,

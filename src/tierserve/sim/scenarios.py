@@ -33,6 +33,11 @@ SEED_BASE = SimConfig(
 )
 
 
+# The same grid with the KV cache capped at 12,000 blocks (192k tokens, about an eighth of what
+# fits on 8 x A100-80GB), so partitions, reclaiming and swap-vs-recompute preemption come into play.
+MEMORY_PRESSURE_BASE = replace(SEED_BASE, num_kv_blocks=12_000)
+
+
 def seed_table_configs(base: SimConfig = SEED_BASE) -> list[SimConfig]:
     return [
         replace(base, policy=p, workload=replace(base.workload, concurrency=c))
