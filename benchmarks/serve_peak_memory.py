@@ -23,7 +23,8 @@ URL = f"http://127.0.0.1:{PORT}"
 
 
 def status(pid: int, key: str) -> int:
-    text = open(f"/proc/{pid}/status").read()
+    with open(f"/proc/{pid}/status") as f:
+        text = f.read()
     return int(re.search(rf"{key}:\s+(\d+)", text).group(1)) // 1024
 
 
@@ -54,9 +55,13 @@ def main() -> int:
             codes = list(pool.map(one, range(48)))
         metrics = httpx.get(f"{URL}/metrics").text
         pre = sum(float(v) for v in re.findall(r"llm_preemption_total\{[^}]*\} (\S+)", metrics))
-        print(f"48 requests x ~{480 + max_tokens} tokens (KV holds ~23k): codes {sorted(set(codes))}, "
-              f"preemptions {pre:.0f}")  # fmt: skip
-        print(f"peak RSS (VmHWM) {status(proc.pid, 'VmHWM')} MiB; now {status(proc.pid, 'VmRSS')} MiB")
+        print(
+            f"48 requests x ~{480 + max_tokens} tokens (KV holds ~23k): "
+            f"codes {sorted(set(codes))}, preemptions {pre:.0f}"
+        )
+        print(
+            f"peak RSS (VmHWM) {status(proc.pid, 'VmHWM')} MiB; now {status(proc.pid, 'VmRSS')} MiB"
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)

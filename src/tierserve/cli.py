@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--max-num-batched-tokens", type=int, default=None)
     sm.add_argument("--arrival", choices=["closed", "poisson", "gamma"], default="closed")
     sm.add_argument("--rate", type=float, default=5.0, help="open loop: requests per second")
+    sm.add_argument("--gamma-cv", type=float, default=2.0, help="gamma arrivals: CV of the gaps")
     sm.add_argument("--duration", type=float, default=600.0, help="simulated seconds of arrivals")
     sm.add_argument("--warmup", type=float, default=150.0, help="seconds not measured")
     sm.add_argument("--shared-prefixes", action="store_true", help="per-class system prompts")

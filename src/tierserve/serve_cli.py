@@ -106,12 +106,24 @@ def merged_options(ns: argparse.Namespace) -> dict:
     opts: dict = {}
     if ns.config:
         data = yaml.safe_load(Path(ns.config).read_text()) or {}
-        known = {f[0][2:].replace("-", "_") for f in OPTIONS + SWITCHES}
+        types = {f[0][2:].replace("-", "_"): (f[1], f[2]) for f in OPTIONS}
+        switches = {f[0][2:].replace("-", "_") for f in SWITCHES}
         for k, v in data.items():
             key = k.replace("-", "_")
-            if key not in known:
+            if key in switches:
+                opts[key] = bool(v)
+                continue
+            if key not in types:
                 raise ValueError(f"{ns.config}: unknown setting {k!r}")
-            opts[key] = v
+            typ, nargs = types[key]
+            try:  # the same conversion as the flag's, e.g. "none" in an SLA list
+                if nargs is None:
+                    opts[key] = typ(v)
+                else:
+                    vals = v if isinstance(v, list) else [v]
+                    opts[key] = [typ("none" if x is None else x) for x in vals]
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{ns.config}: {k}: {exc}") from None
     for k, v in vars(ns).items():
         if v is not None and k not in ("config", "func", "command"):
             opts[k] = v

@@ -125,15 +125,17 @@ def build_hf(built, weights):
     return hf.eval()
 
 
-def roofline(config, batch: int, context: int, flops_peak: float, bw_peak: float) -> dict:
-    """A decode step of `batch` requests at `context` tokens each, fp32."""
+def roofline(
+    config, batch: int, context: int, flops_peak: float, bw_peak: float, dtype_bytes: int = 4
+) -> dict:
+    """A decode step of `batch` requests at `context` tokens each, at the run's dtype."""
     params = config.num_parameters() - config.vocab_size * config.hidden_size  # no lookup
     if config.tie_word_embeddings:
         params += config.vocab_size * config.hidden_size  # the tied head is a matmul
     attn = 4 * config.num_layers * config.num_heads * config.head_dim * context
     flops = batch * (2 * params + attn)
-    weight_bytes = 4 * params
-    kv_bytes = batch * context * config.kv_bytes_per_token(4)
+    weight_bytes = dtype_bytes * params
+    kv_bytes = batch * context * config.kv_bytes_per_token(dtype_bytes)
     t_compute, t_memory = flops / flops_peak, (weight_bytes + kv_bytes) / bw_peak
     return {
         "gflop": flops / 1e9,
@@ -173,7 +175,11 @@ def run_engine_bench(
         "threads": torch.get_num_threads(),
         "flops_peak": flops,
         "bw_peak": bw,
-        "roofline": {n: roofline(built.model_config, n, ctx, flops, bw) for n in concurrencies},
+        "dtype": str(built.executor.model.dtype).replace("torch.", ""),
+        "roofline": {
+            n: roofline(built.model_config, n, ctx, flops, bw, built.executor.model.dtype.itemsize)
+            for n in concurrencies
+        },
         "model": built.model_name,
     }
     return rows, info
@@ -191,7 +197,10 @@ def format_report(rows: list[BenchRow], info: dict) -> str:
             f"{r.system:<14}{r.concurrency:>6}{r.output_tokens:>9}{r.seconds:>9.2f}"
             f"{r.tokens_per_s:>9.1f}{r.step_ms_median:>9.1f}"
         )
-    lines.append("roofline of one decode step (fp32 weights + KV read; context = prompt + out/2):")
+    lines.append(
+        f"roofline of one decode step ({info['dtype']} weights + KV read, against the fp32 "
+        "matmul peak; context = prompt + out/2):"
+    )
     for n, r in info["roofline"].items():
         lines.append(
             f"  batch {n:>3}: {r['gflop']:.1f} GFLOP, {r['mbytes']:.0f} MB -> >= "

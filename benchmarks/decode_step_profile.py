@@ -1,0 +1,61 @@
+"""Time pure decode steps of the real engine at given batch sizes, and break one batch size's
+step down by operator with the torch profiler. Run:
+
+    .venv/bin/python benchmarks/decode_step_profile.py --batch 1 8 32 64 --profile 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from torch.profiler import ProfilerActivity, profile
+
+from tierserve.engine.args import EngineArgs
+from tierserve.engine.builder import build_engine
+from tierserve.request import Request
+from tierserve.sampling_params import SamplingParams
+
+
+def decode_steps(batch: int, dtype: str | None, steps: int = 20, prompt: int = 128):
+    built = build_engine(EngineArgs(kv_cache_gib=1.0, max_num_seqs=max(batch, 1),
+                                    max_num_batched_tokens=8192, measure_costs=False,
+                                    dtype=dtype))  # fmt: skip
+    eng = built.engine
+    rng = random.Random(0)
+    sp = SamplingParams(temperature=0, max_tokens=steps + 60, ignore_eos=True)
+    for i in range(batch):
+        eng.add_request(Request(f"r{i}", [rng.randrange(100, 40000) for _ in range(prompt)], sp))
+    eng.step()  # every prompt prefilled in one step
+    for _ in range(30):  # context grows to ~prompt + 30, warm
+        eng.step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - t0)
+    return eng, statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--profile", type=int, default=None, help="break this batch size down")
+    ap.add_argument("--dtype", default=None)
+    args = ap.parse_args()
+    for b in args.batch:
+        _, med = decode_steps(b, args.dtype)
+        print(f"decode step, batch {b:>3}: median {1e3 * med:.1f} ms")
+    if args.profile:
+        eng, _ = decode_steps(args.profile, args.dtype)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(5):
+                eng.step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

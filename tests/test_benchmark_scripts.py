@@ -1,0 +1,34 @@
+"""The benchmark scripts in benchmarks/ run (a tiny smoke configuration; not timed)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_gpu_profile_script_runs_on_cpu_with_a_tiny_model(tmp_path):
+    out = tmp_path / "gpu_profile.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_profile.py"),
+            "--tiny",
+            "--device",
+            "cpu",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["model"] == "tiny-random"
+    assert report["logit_rel_error_vs_fp32"] == 0.0  # float32 on the CPU: same numbers
+    assert len(report["steps"]) == 3
+    assert all(s["seconds"] > 0 and s["predicted_seconds"] > 0 for s in report["steps"])
