@@ -34,26 +34,10 @@ def llm():
 
 
 def hf_llama(cfg, weights):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """transformers' LlamaForCausalLM on the same weights (the bench's baseline builder)."""
+    from tierserve.bench.engine_bench import build_hf
 
-    hf = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-            rope_theta=cfg.rope_theta,
-            rms_norm_eps=cfg.rms_norm_eps,
-            max_position_embeddings=cfg.max_position_embeddings,
-            tie_word_embeddings=True,
-            attn_implementation="eager",
-        )
-    )
-    hf.load_state_dict(weights, strict=False)
-    return hf.eval()
+    return build_hf(cfg, weights)
 
 
 def rel_err(a, b):

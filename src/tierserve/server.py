@@ -86,8 +86,6 @@ def build_state(
         settings=settings,
         max_model_len=sched.config.max_model_len,
         eos_token_ids=built.model_config.eos_token_ids,
-        block_size=sched.kv.block_size,
-        class_capacity_blocks=tuple(sched.kv.ledger.capacity(p) for p in range(4)),
     )
 
 

@@ -118,6 +118,28 @@ def _sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
+def _stream(state, prep: Prepared, chunk: dict, body, n_prompt: int, make_choice):
+    """Server-sent events: one chunk per delta (built by `make_choice(index, delta, first)`),
+    an error event if a choice fails, the usage chunk when asked for, then [DONE]."""
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def events():
+        started, totals = set(), {}
+        async for i, d in _merged(state.engine, prep):
+            if d.finished and d.finish_reason == "error":
+                yield _sse({"error": {"message": d.error, "type": "server_error"}})
+                break
+            yield _sse({**chunk, "choices": [make_choice(i, d, i not in started)]})
+            started.add(i)
+            totals[i] = d.num_output_tokens
+        if include_usage:
+            usage = _usage(n_prompt, sum(totals.values()))
+            yield _sse({**chunk, "choices": [], "usage": usage})
+        yield _sse("[DONE]")
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=prep.headers)
+
+
 def _state(http: HTTPRequest) -> ServerState:
     return http.app.state.tierserve
 
@@ -138,37 +160,23 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     created, model = int(time.time()), body.model or state.settings.served_model_names[0]
     base = {"id": prep.request_id, "created": created, "model": model}
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-        async def events():
-            sent_role = set()
-            totals = {}
-            async for i, d in _merged(state.engine, prep):
-                delta = {} if i in sent_role else {"role": "assistant"}
-                sent_role.add(i)
-                if d.text:
-                    delta["content"] = d.text
-                if d.finished and d.finish_reason == "error":
-                    yield _sse({"error": {"message": d.error, "type": "server_error"}})
-                    break
-                choice = {
-                    "index": i,
-                    "delta": delta,
-                    "logprobs": None,
-                    "finish_reason": d.finish_reason if d.finished else None,
-                }
-                if body.logprobs and d.token_ids:
-                    choice["logprobs"] = _chat_logprobs(state, d.token_ids, d.logprobs)
-                yield _sse({**base, "object": "chat.completion.chunk", "choices": [choice]})
-                totals[i] = d.num_output_tokens
-            if include_usage:
-                usage = _usage(len(prompt_ids), sum(totals.values()))
-                yield _sse(
-                    {**base, "object": "chat.completion.chunk", "choices": [], "usage": usage}
-                )
-            yield _sse("[DONE]")
+        def chat_choice(i: int, d: StreamDelta, first: bool) -> dict:
+            delta = {"role": "assistant"} if first else {}
+            if d.text:
+                delta["content"] = d.text
+            choice = {
+                "index": i,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": d.finish_reason if d.finished else None,
+            }
+            if body.logprobs and d.token_ids:
+                choice["logprobs"] = _chat_logprobs(state, d.token_ids, d.logprobs)
+            return choice
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers=prep.headers)
+        chunk = {**base, "object": "chat.completion.chunk"}
+        return _stream(state, prep, chunk, body, len(prompt_ids), chat_choice)
     choices, n_prompt = await _collect(state, http, prep)
     out = []
     for i, c in enumerate(choices):
@@ -219,33 +227,19 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
     base = {"id": prep.request_id, "object": "text_completion", "created": created, "model": model}
     echo = prompt if (body.echo and isinstance(prompt, str)) else ""
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-        async def events():
-            totals, echoed = {}, set()
-            async for i, d in _merged(state.engine, prep):
-                if d.finished and d.finish_reason == "error":
-                    yield _sse({"error": {"message": d.error, "type": "server_error"}})
-                    break
-                text = d.text if i in echoed else echo + d.text
-                echoed.add(i)
-                choice = {
-                    "index": i,
-                    "text": text,
-                    "logprobs": None,
-                    "finish_reason": d.finish_reason if d.finished else None,
-                }
-                if body.logprobs is not None and d.token_ids:
-                    choice["logprobs"] = _completion_logprobs(state, d.token_ids, d.logprobs, 0)
-                yield _sse({**base, "choices": [choice]})
-                totals[i] = d.num_output_tokens
-            if include_usage:
-                yield _sse(
-                    {**base, "choices": [], "usage": _usage(len(prompt_ids), sum(totals.values()))}
-                )
-            yield _sse("[DONE]")
+        def text_choice(i: int, d: StreamDelta, first: bool) -> dict:
+            choice = {
+                "index": i,
+                "text": (echo if first else "") + d.text,
+                "logprobs": None,
+                "finish_reason": d.finish_reason if d.finished else None,
+            }
+            if body.logprobs is not None and d.token_ids:
+                choice["logprobs"] = _completion_logprobs(state, d.token_ids, d.logprobs, 0)
+            return choice
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers=prep.headers)
+        return _stream(state, prep, base, body, len(prompt_ids), text_choice)
     choices, n_prompt = await _collect(state, http, prep)
     out = []
     for i, c in enumerate(choices):

@@ -34,8 +34,6 @@ class ServerState:
     settings: ServerSettings
     max_model_len: int
     eos_token_ids: tuple[int, ...]
-    block_size: int
-    class_capacity_blocks: tuple[int, ...]
     draining: bool = False
     started: float = field(default_factory=time.time)
     _ids: itertools.count = field(default_factory=itertools.count)
@@ -66,6 +64,27 @@ def _sampling(body: _Common, max_tokens: int, eos: tuple[int, ...], seed_offset:
         )
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
+
+
+def _requests(state, body, prompt_ids, max_tokens, res, tenant, prefix) -> list[Request]:
+    """One engine Request per choice (`n`), sharing an id prefix."""
+    now = state.engine.core.clock.now()
+    rid = f"{prefix}-{uuid.uuid4().hex[:16]}"
+    deadline = now + body.sla_latency_ms / 1000 if body.sla_latency_ms else None
+    return [
+        Request(
+            f"{rid}-{i}",
+            list(prompt_ids),
+            _sampling(body, max_tokens, state.eos_token_ids, i),
+            priority=res.priority,
+            tenant=tenant.name,
+            arrival_time=now,
+            deadline=deadline,
+            cache_salt=tenant.cache_salt,
+            eos_token_id=state.eos_token_ids[0] if state.eos_token_ids else None,
+        )
+        for i in range(body.n)
+    ]
 
 
 def prepare(
@@ -120,14 +139,11 @@ def prepare(
             "completion)",
             param="max_tokens",
         )
-    need = -(-(n_prompt + 1) // state.block_size)
-    cap = state.class_capacity_blocks[res.priority]
-    if need > cap:
-        raise APIError(
-            400,
-            f"the prompt needs {need} KV blocks; the cache holds at most {cap} "
-            f"for a {res.priority.tier} request",
-        )
+    reqs = _requests(state, body, prompt_ids, max_tokens, res, tenant, prefix)
+    try:  # what the scheduler would refuse (KV capacity of the class), refused here with a 400
+        state.engine.core.scheduler.validate(reqs[0])
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
     decision = state.admission.decide(res.priority, tenant.name, (n_prompt + max_tokens) * body.n)
     if not decision.admitted:
         state.metrics.on_rejected(decision.error_type or "invalid_request", res.priority)
@@ -137,24 +153,7 @@ def prepare(
             decision.shed_request_id,
             "shed: the queue was full and a realtime (P0) request took its place; retry later",
         )
-    now = state.engine.core.clock.now()
-    rid = f"{prefix}-{uuid.uuid4().hex[:16]}"
-    deadline = now + body.sla_latency_ms / 1000 if body.sla_latency_ms else None
-    reqs = []
-    for i in range(body.n):
-        reqs.append(
-            Request(
-                f"{rid}-{i}",
-                list(prompt_ids),
-                _sampling(body, max_tokens, state.eos_token_ids, i),
-                priority=res.priority,
-                tenant=tenant.name,
-                arrival_time=now,
-                deadline=deadline,
-                cache_salt=tenant.cache_salt,
-                eos_token_id=state.eos_token_ids[0] if state.eos_token_ids else None,
-            )
-        )
+    rid = reqs[0].request_id.rsplit("-", 1)[0]
     headers = {"x-tierserve-priority": res.priority.label.lower(), "x-request-id": rid}
     if res.clamped:
         headers["x-tierserve-priority-clamped"] = "true"

@@ -102,10 +102,10 @@ def run_transformers(hf, concurrency: int, prompt_len: int, out_len: int, vocab:
     return BenchRow("transformers", concurrency, concurrency * out_len, dt, 1e3 * dt / out_len)
 
 
-def build_hf(built, weights):
+def build_hf(c, weights):
+    """transformers' LlamaForCausalLM for model config `c` with `weights` (default attention)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    c = built.model_config
     hf = LlamaForCausalLM(
         LlamaConfig(
             vocab_size=c.vocab_size,
@@ -164,7 +164,7 @@ def run_engine_bench(
         )
     )
     rows = []
-    hf = build_hf(built, load_model().state_dict()) if with_transformers else None
+    hf = build_hf(built.model_config, load_model().state_dict()) if with_transformers else None
     for n in concurrencies:
         rows.append(run_tierserve(built, n, rounds, prompt_len, out_len))
         if hf is not None:

@@ -21,19 +21,21 @@ at the head of its class.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tierserve.clock import Clock
 from tierserve.config import SchedulerConfig
+from tierserve.core.invariants import check_scheduler
 from tierserve.core.kv import KVCacheManager
 from tierserve.core.kv.manager import NO_HITS, ComputedBlocks
 from tierserve.core.outputs import SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts, PreemptionMode, choose_mode
 from tierserve.core.step_state import StepPlan
+from tierserve.core.stopping import check_stop
 from tierserve.policies import Policy, SchedulerState, VictimCandidate
 from tierserve.policies.base import arrival_key
 from tierserve.priority import NUM_PRIORITIES, Priority
-from tierserve.request import Request, RequestStatus
+from tierserve.request import FinishReason, Request, RequestStatus
 
 S = RequestStatus
 
@@ -48,7 +50,7 @@ class PreemptionCounts:
     recompute: int = 0
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
-    by_victim_class: tuple[int, ...] = (0, 0, 0, 0)
+    by_victim_class: list[int] = field(default_factory=lambda: [0] * NUM_PRIORITIES)
 
 
 class Scheduler:
@@ -75,7 +77,6 @@ class Scheduler:
         self._waiting_count = [0] * NUM_PRIORITIES  # by submitted class
         self._waiting_tokens = [0] * NUM_PRIORITIES
         self.preemptions = PreemptionCounts()
-        self._victim_class = [0] * NUM_PRIORITIES
         # (victim's submitted class, "swap" | "recompute") since the last drain, for observers.
         self.preemption_events: list[tuple[Priority, str]] = []
         self.on_dequeue = None  # optional callback(request) when a request leaves the queue
@@ -84,11 +85,8 @@ class Scheduler:
         self.express_steps = 0
 
     # -- intake ----------------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
-        if request.request_id in self.requests:
-            raise ValueError(f"request id {request.request_id!r} is already in the engine")
-        if request.status != S.WAITING:
-            raise ValueError(f"request {request.request_id} is {request.status.value}, not new")
+    def validate(self, request: Request) -> None:
+        """Raise ValueError (naming the numbers) if `request` can never be served here."""
         if request.max_total_tokens > self.config.max_model_len:
             raise ValueError(
                 f"request {request.request_id}: prompt ({request.num_prompt_tokens} tokens) + "
@@ -103,6 +101,13 @@ class Scheduler:
                 f"can give a {request.priority.tier} ({request.priority.label}) request at most "
                 f"{cap}"
             )
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        if request.status != S.WAITING:
+            raise ValueError(f"request {request.request_id} is {request.status.value}, not new")
+        self.validate(request)
         request.arrival_seq = next(self._seq)
         self.requests[request.request_id] = request
         self._enqueue(request, requeue=False)
@@ -298,8 +303,7 @@ class Scheduler:
         mapping = self.kv.swap_out(victim) if mode == PreemptionMode.SWAP else None
         del self.running[rid]
         victim.num_preemptions += 1
-        self._victim_class[victim.priority] += 1
-        self.preemptions.by_victim_class = tuple(self._victim_class)
+        self.preemptions.by_victim_class[victim.priority] += 1
         self.preemption_events.append(
             (victim.base_priority, "swap" if mapping is not None else "recompute")
         )
@@ -321,8 +325,6 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, sampled, logprobs, failed) -> list[Request]:
         """Advance computed tokens, append sampled tokens, apply stop conditions. Returns the
         requests that changed (got a token, finished or failed), in scheduling order."""
-        from tierserve.core.stopping import check_stop
-
         now = self.clock.now()
         changed, self._changed = self._changed, []
         for rid, n in out.num_scheduled_tokens.items():
@@ -351,8 +353,6 @@ class Scheduler:
 
     def finish(self, request_id: str, status: RequestStatus, reason: str | None = None) -> Request:
         """End a request from any live state (finished, aborted or failed), freeing its KV."""
-        from tierserve.request import FinishReason
-
         req = self.requests.pop(request_id, None)
         if req is None:
             raise KeyError(f"unknown request {request_id!r}")
@@ -396,6 +396,4 @@ class Scheduler:
 
     # -- invariants ---------------------------------------------------------------------------
     def check_invariants(self, out: SchedulerOutput | None = None) -> None:
-        from tierserve.core.invariants import check_scheduler
-
         check_scheduler(self, out)
