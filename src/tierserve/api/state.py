@@ -3,7 +3,6 @@ chat and completions share: authentication, priority, context checks, admission,
 
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,7 +35,6 @@ class ServerState:
     eos_token_ids: tuple[int, ...]
     draining: bool = False
     started: float = field(default_factory=time.time)
-    _ids: itertools.count = field(default_factory=itertools.count)
 
 
 @dataclass

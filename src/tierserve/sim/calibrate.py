@@ -75,7 +75,7 @@ def record_steps(built, seconds_per_phase: float) -> list[tuple[list, int, float
     """Serve each phase's closed-loop load on the real engine; return (chunks, sampled, step
     seconds) for every step."""
     from tierserve.sim.driver import drive
-    from tierserve.sim.fidelity import CPU_CLASSES
+    from tierserve.sim.fidelity import CPU_CLASSES, sleeper
     from tierserve.sim.runner import SIM_ADMISSION
     from tierserve.sim.workload import ClassSpec, LengthDist, Workload, WorkloadConfig
 
@@ -102,13 +102,13 @@ def record_steps(built, seconds_per_phase: float) -> list[tuple[list, int, float
             classes=classes,
             concurrency=clients,
             duration_s=seconds_per_phase,
-            warmup_s=0.0 if seconds_per_phase > 0 else 0,
+            warmup_s=0.0,
             ramp_s=0.5,
             seed=100 + i,
             vocab_size=built.model_config.vocab_size,
         )
         adm = AdmissionController(SIM_ADMISSION, core.scheduler, core.clock)
-        drive(core, Workload(wl), adm, lambda t: time.sleep(max(0.0, t - core.clock.now())))
+        drive(core, Workload(wl), adm, sleeper(core.clock))
     core.step = step
     core.executor = rec.inner
     return [r for r in rows if r[0]]
@@ -146,21 +146,9 @@ def calibrate(
     out: Path, kv_cache_gib: float = 0.25, seconds_per_phase: float = 20.0
 ) -> tuple[dict, float]:
     from tierserve.bench.engine_bench import machine_peaks
-    from tierserve.clock import WallClock
-    from tierserve.engine.args import EngineArgs
-    from tierserve.engine.builder import build_engine
-    from tierserve.sim.fidelity import ENGINE
+    from tierserve.sim.fidelity import build_real_engine
 
-    built = build_engine(
-        EngineArgs(
-            kv_cache_gib=kv_cache_gib,
-            swap_space_gib=0.0,
-            p0_express="exclusive",
-            max_num_seqs=ENGINE["max_num_seqs"],
-            max_num_batched_tokens=ENGINE["max_num_batched_tokens"],
-        ),
-        clock=WallClock(),
-    )
+    built = build_real_engine(kv_cache_gib)
     ex = built.executor
     cfg = built.model_config
     model = ModelProfile(cfg, ex.model.dtype.itemsize)

@@ -26,6 +26,34 @@ CPU_CLASSES = {
 ENGINE = dict(max_num_seqs=32, max_num_batched_tokens=512, block_size=16)
 
 
+def build_real_engine(kv_cache_gib: float = 0.25):
+    """The real CPU engine (embedded model, wall clock) with the settings the fidelity check
+    and `tierserve calibrate` both use, so the calibrated profile describes this engine."""
+    from tierserve.clock import WallClock
+    from tierserve.engine.args import EngineArgs
+    from tierserve.engine.builder import build_engine
+
+    return build_engine(
+        EngineArgs(
+            kv_cache_gib=kv_cache_gib,
+            swap_space_gib=0.0,
+            p0_express="exclusive",
+            max_num_seqs=ENGINE["max_num_seqs"],
+            max_num_batched_tokens=ENGINE["max_num_batched_tokens"],
+        ),
+        clock=WallClock(),
+    )
+
+
+def sleeper(clock):
+    """The driver's idle_until for a wall clock: sleep until time `t`."""
+
+    def sleep_until(t: float) -> None:
+        time.sleep(max(0.0, t - clock.now()))
+
+    return sleep_until
+
+
 def _summary(result, lo, hi, priorities) -> dict:
     stats = run_stats(result, lo, hi, priorities)
     ttft = [
@@ -39,20 +67,7 @@ def _summary(result, lo, hi, priorities) -> dict:
 
 
 def run_fidelity(hardware: str, duration: float, clients: int, seed: int) -> dict:
-    from tierserve.clock import WallClock
-    from tierserve.engine.args import EngineArgs
-    from tierserve.engine.builder import build_engine
-
-    built = build_engine(
-        EngineArgs(
-            kv_cache_gib=0.25,
-            swap_space_gib=0.0,
-            p0_express="exclusive",
-            max_num_seqs=ENGINE["max_num_seqs"],
-            max_num_batched_tokens=ENGINE["max_num_batched_tokens"],
-        ),
-        clock=WallClock(),
-    )
+    built = build_real_engine()
     wl = WorkloadConfig(
         classes=CPU_CLASSES,
         concurrency=clients,
@@ -67,11 +82,8 @@ def run_fidelity(hardware: str, duration: float, clients: int, seed: int) -> dic
     adm = AdmissionController(SIM_ADMISSION, core.scheduler, core.clock, priorities)
     t0 = time.perf_counter()
 
-    def sleep_until(t: float) -> None:
-        time.sleep(max(0.0, t - core.clock.now()))
-
     start = core.clock.now()
-    real = drive(core, Workload(wl), adm, sleep_until)
+    real = drive(core, Workload(wl), adm, sleeper(core.clock))
     real_wall = time.perf_counter() - t0
     # Shift the real run's times so that its window matches the workload's.
     for r in real.records:
