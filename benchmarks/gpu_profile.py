@@ -88,7 +88,7 @@ def logits_error(cfg: ModelConfig, device: str, dtype: torch.dtype, n: int = 64)
         st = {"r": RequestState(list(ids), n, list(range(-(-n // 16) + 1)), 0, SamplingParams())}
         from tierserve.executor.batch import build_batch
 
-        b = build_batch(st, {"r": n}, 16, model.device)
+        b = build_batch(st, {"r": n}, 16, model.device, model.dtype)
         outs.append(model.forward(b.input_ids, b.positions, b.meta, ex.kv_caches,
                                   torch.arange(n, device=model.device)))  # fmt: skip
         del model, ex

@@ -33,6 +33,7 @@ def build_batch(
     scheduled: dict[str, int],
     block_size: int,
     device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> Batch:
     ids: list[int] = []
     pos: list[int] = []
@@ -79,7 +80,10 @@ def build_batch(
         p = torch.arange(width * block_size, device=device)
         meta.decode_rows = torch.tensor(decode_rows, dtype=torch.long, device=device)
         meta.decode_blocks = torch.tensor(flat, dtype=torch.long, device=device)
-        meta.decode_mask = (p[None, :] < lens[:, None])[None, :, None, :]
+        pad = p[None, :] >= lens[:, None]
+        meta.decode_bias = torch.zeros(pad.shape, device=device).masked_fill_(pad, float("-inf"))
+        meta.decode_bias = meta.decode_bias.to(dtype)[:, None, :]  # [B, 1, L]
+        meta.all_decode = len(decode_rows) == len(ids)
     return Batch(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.tensor(pos, dtype=torch.long, device=device),

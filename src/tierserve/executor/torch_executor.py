@@ -9,10 +9,10 @@ per second, from a short warm-up prefill) and host<->device copy bandwidth.
 from __future__ import annotations
 
 import math
+import mmap
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
@@ -32,13 +32,21 @@ def default_dtype(device: str) -> torch.dtype:
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zero-filled cache memory. On the CPU it comes from calloc (via numpy), whose large
-    allocations are fresh zero pages: a 1 GiB KV cache costs resident memory only as it fills.
+    """Zero-filled cache memory. On the CPU it is an anonymous memory map: resident only as it
+    fills (a 1 GiB KV cache costs memory only for the blocks in use), and advised into
+    transparent huge pages, because the first write into each fresh 4 KiB page is a page fault:
+    measured here, a 2048-token prefill wrote its K/V 50x slower into fresh 4 KiB pages than into
+    touched ones, and only 3-5x slower into fresh huge pages.
     (Zeros, not garbage, matter: masked attention slots are multiplied by 0, and 0 x NaN = NaN.)"""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(buf, dtype=dtype).view(shape)
 
 
 def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
@@ -169,7 +177,7 @@ class TorchExecutor:
     def _forward(
         self, states: dict[str, RequestState], scheduled: dict[str, int]
     ) -> ExecutorOutput:
-        batch = build_batch(states, scheduled, self.block_size, self.model.device)
+        batch = build_batch(states, scheduled, self.block_size, self.model.device, self.model.dtype)
         logits = self.model.forward(
             batch.input_ids, batch.positions, batch.meta, self.kv_caches, batch.logits_rows
         )

@@ -40,25 +40,42 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V goes
     decode_rows: torch.Tensor | None = None  # [B] rows of single-token queries
     decode_blocks: torch.Tensor | None = None  # [B * blocks_max] block ids (padded with 0)
-    decode_mask: torch.Tensor | None = None  # [1, B, 1, L_max] bool, True = attend
+    decode_bias: torch.Tensor | None = None  # [B, 1, L_max] 0 = attend, -inf = padding
+    all_decode: bool = False  # every row is a decode: no row gathering needed
     prefills: list[PrefillSeq] = field(default_factory=list)
+    # Built on first use, shared by every layer of the step.
+    _decode_bias_heads: torch.Tensor | None = None
 
 
 def _gather(cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """cache [H, N, ...]; index into dim 1 -> [H, len(index), ...], one leading-dim gather per
-    head."""
-    out = cache.new_empty((cache.shape[0], index.numel(), *cache.shape[2:]))
-    for h in range(cache.shape[0]):
-        torch.index_select(cache[h], 0, index, out=out[h])
-    return out
+    """cache [H, N, ...]; rows `index` of every head -> [H, len(index), ...], as one gather on
+    the leading dimension of the [H * N, ...] view."""
+    h, n = cache.shape[:2]
+    flat = (torch.arange(h, device=index.device)[:, None] * n + index[None, :]).reshape(-1)
+    return cache.flatten(0, 1).index_select(0, flat).view(h, index.numel(), *cache.shape[2:])
 
 
 def write_kv(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
-    """cache [H, blocks, block_size, D]; x [T, H, D] written at token `slots`."""
+    """cache [H, blocks, block_size, D]; x [T, H, D] written at token `slots` (one kernel)."""
     h, nb, bs, d = cache.shape
-    flat = cache.view(h, nb * bs, d)
-    for i in range(h):
-        flat[i].index_copy_(0, slots, x[:, i])
+    cache.view(h, nb * bs, d).index_copy_(1, slots, x.transpose(0, 1))
+
+
+def _decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+) -> torch.Tensor:
+    """Single-token queries q [B, H, D] against their paged contexts; returns [B, H, D]."""
+    hkv, d = k_cache.shape[0], k_cache.shape[-1]
+    b = q.shape[0]
+    group = q.shape[1] // hkv
+    if meta._decode_bias_heads is None:
+        meta._decode_bias_heads = meta.decode_bias.repeat(hkv, 1, 1)  # [H_kv * B, 1, L]
+    kd = _gather(k_cache, meta.decode_blocks).view(hkv * b, -1, d)
+    vd = _gather(v_cache, meta.decode_blocks).view(hkv * b, -1, d)
+    qd = q.reshape(b, hkv, group, d).transpose(0, 1).reshape(hkv * b, group, d)
+    scores = torch.baddbmm(meta._decode_bias_heads, qd, kd.transpose(1, 2), alpha=d**-0.5)
+    od = torch.bmm(scores.softmax(-1), vd)  # [H_kv * B, G, D]
+    return od.view(hkv, b, group, d).transpose(0, 1).reshape(b, hkv * group, d)
 
 
 def paged_attention(
@@ -73,17 +90,13 @@ def paged_attention(
     hkv, nb, bs, d = k_cache.shape
     write_kv(k_cache, meta.slot_mapping, k)
     write_kv(v_cache, meta.slot_mapping, v)
-    out = torch.empty_like(q)
+    if meta.all_decode:
+        return _decode_attention(q, k_cache, v_cache, meta)
+    out = q.new_empty(q.shape)
     if meta.decode_rows is not None:
-        b = meta.decode_rows.numel()
-        group = q.shape[1] // hkv
-        kd = _gather(k_cache, meta.decode_blocks).view(hkv, b, -1, d)  # [H_kv, B, L, D]
-        vd = _gather(v_cache, meta.decode_blocks).view(hkv, b, -1, d)
-        qd = q.index_select(0, meta.decode_rows).view(b, hkv, group, d).transpose(0, 1)
-        scores = torch.matmul(qd, kd.transpose(-1, -2)) * (d**-0.5)  # [H_kv, B, G, L]
-        scores = scores.masked_fill(~meta.decode_mask, float("-inf"))
-        od = torch.matmul(scores.softmax(-1), vd)  # [H_kv, B, G, D]
-        out.index_copy_(0, meta.decode_rows, od.transpose(0, 1).reshape(b, -1, d))
+        qd = q.index_select(0, meta.decode_rows)
+        out.index_copy_(0, meta.decode_rows, _decode_attention(qd, k_cache, v_cache, meta))
+    flat_k, flat_v = k_cache.view(hkv, nb * bs, d), v_cache.view(hkv, nb * bs, d)
     for p in meta.prefills:
         qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if p.slots is None:
@@ -91,8 +104,8 @@ def paged_attention(
             vp = v[p.start : p.end].transpose(0, 1).unsqueeze(0)
             op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
         else:
-            kp = _gather(k_cache.view(hkv, nb * bs, d), p.slots).unsqueeze(0)
-            vp = _gather(v_cache.view(hkv, nb * bs, d), p.slots).unsqueeze(0)
+            kp = _gather(flat_k, p.slots).unsqueeze(0)
+            vp = _gather(flat_v, p.slots).unsqueeze(0)
             op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, enable_gqa=True)
         out[p.start : p.end] = op[0].transpose(0, 1)
     return out

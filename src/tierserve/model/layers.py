@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)  # one fused kernel
+    xf = x.float()  # half types: normalise in float32, as transformers does
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
 
@@ -40,14 +43,17 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
 def rope_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of shape [T, 1, head_dim] for rotate-half rope (computed in float32)."""
+    """cos and signed sin of shape [T, 1, head_dim] for rotate-half rope (computed in float32).
+    The sin's first half is negated so that rotating needs no negation (see `apply_rope`)."""
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    sin = emb.sin()
+    sin[..., : inv_freq.numel()].neg_()
+    return emb.cos().to(dtype), sin.to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim] (any heads: queries and keys can be rotated in one call).
+    rotate_half(x) * sin == roll(x, half) * [-sin, sin]: three kernels in all."""
+    rolled = torch.roll(x, x.shape[-1] // 2, dims=-1)
+    return torch.addcmul(x * cos, rolled, sin_signed)

@@ -103,20 +103,21 @@ class LlamaModel:
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
         x = F.embedding(input_ids, self.embed)
         t = x.shape[0]
-        q_end, k_end = c.q_size, c.q_size + c.kv_size
+        k_end = c.q_size + c.kv_size
         inter = c.intermediate_size
+        heads = c.num_heads + c.num_kv_heads
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             h = rms_norm(x, layer.ln_attn, c.rms_norm_eps)
             qkv = _mm(h, layer.w_qkv, layer.b_qkv)
-            q = qkv[:, :q_end].view(t, c.num_heads, c.head_dim)
-            k = qkv[:, q_end:k_end].view(t, c.num_kv_heads, c.head_dim)
-            v = qkv[:, k_end:].reshape(t, c.num_kv_heads, c.head_dim)
-            q = apply_rope(q, cos, sin)
-            k = apply_rope(k, cos, sin)
+            # Queries and keys rotated together: one rope over [T, heads + kv_heads, D].
+            qk = apply_rope(qkv[:, :k_end].view(t, heads, c.head_dim), cos, sin)
+            q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
+            v = qkv[:, k_end:].view(t, c.num_kv_heads, c.head_dim)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta)
-            x = x + _mm(attn.reshape(t, c.q_size), layer.w_o)
+            x = torch.addmm(x, attn.reshape(t, c.q_size), layer.w_o)  # residual in the GEMM
             h = rms_norm(x, layer.ln_mlp, c.rms_norm_eps)
             gu = _mm(h, layer.w_gate_up)
-            x = x + _mm(F.silu(gu[:, :inter]) * gu[:, inter:], layer.w_down)
+            act = F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:])  # in gu's memory
+            x = torch.addmm(x, act, layer.w_down)
         x = rms_norm(x.index_select(0, logits_rows), self.norm, c.rms_norm_eps)
         return F.linear(x, self.lm_head).float()
