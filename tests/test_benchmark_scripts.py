@@ -32,3 +32,15 @@ def test_gpu_profile_script_runs_on_cpu_with_a_tiny_model(tmp_path):
     assert report["logit_rel_error_vs_fp32"] == 0.0  # float32 on the CPU: same numbers
     assert len(report["steps"]) == 3
     assert all(s["seconds"] > 0 and s["predicted_seconds"] > 0 for s in report["steps"])
+
+
+def test_gemm_curve_script_prints_one_row_per_m():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gemm_curve.py"), "--layers", "1",
+         "--m", "1", "4", "--reps", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["1", "4"]
+    assert all(float(r[1]) > 0 and float(r[4]) > 0 for r in rows)
