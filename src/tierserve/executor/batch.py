@@ -81,8 +81,8 @@ def build_batch(
         meta.decode_rows = torch.tensor(decode_rows, dtype=torch.long, device=device)
         meta.decode_blocks = torch.tensor(flat, dtype=torch.long, device=device)
         pad = p[None, :] >= lens[:, None]
-        meta.decode_bias = torch.zeros(pad.shape, device=device).masked_fill_(pad, float("-inf"))
-        meta.decode_bias = meta.decode_bias.to(dtype)[:, None, :]  # [B, 1, L]
+        bias = torch.zeros(pad.shape, dtype=dtype, device=device).masked_fill_(pad, float("-inf"))
+        meta.decode_bias = bias[:, None, :]  # [B, 1, L]
         meta.all_decode = len(decode_rows) == len(ids)
     return Batch(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),

@@ -13,7 +13,7 @@ Each step first writes the new tokens' K/V into their slots (``slot_mapping``), 
 
 * single-token queries (decodes) together: their block tables (padded to the longest) gather one
   ``[kv_heads, B, L_max, head_dim]`` context; grouped-query attention is two batched matmuls
-  (query heads grouped under their KV head) with a padding mask;
+  (query heads grouped under their KV head) with an additive padding bias;
 * multi-token queries (prefill chunks) one by one with SDPA: a chunk starting at position 0
   uses its own K/V and a causal mask; a chunk continuing a cached prefix gathers its context and
   uses the shifted causal mask ``key_pos <= computed + query_index``.
