@@ -19,7 +19,8 @@ class FakeQueue:
     def __init__(self):
         self.depth = [0, 0, 0, 0]
         self.tokens = [0, 0, 0, 0]
-        self.waiting: list[tuple[Priority, str]] = []
+        self.waiting: list[Priority] = []  # classes of the requests waiting
+        self.served = [(0, 0)] * 4
 
     def queue_depth(self, p):
         return self.depth[p]
@@ -27,9 +28,15 @@ class FakeQueue:
     def queued_tokens(self, p):
         return self.tokens[p]
 
-    def lowest_waiting(self, below):
-        cands = [(p, rid) for p, rid in self.waiting if p > below]
-        return max(cands)[1] if cands else None
+    def can_shed(self, below):
+        return any(p > below for p in self.waiting)
+
+    def dequeued(self, p):
+        return self.served[p]
+
+    def serve(self, p, tokens):
+        n, t = self.served[p]
+        self.served[p] = (n + 1, t + tokens)
 
 
 # -- token bucket ----------------------------------------------------------------------------------
@@ -130,9 +137,10 @@ def test_queue_limit_gives_503_with_retry_after_from_measured_drain_rate():
     assert (d.status, d.error_type) == (503, "resource_exhausted")
     assert d.retry_after_s == AdmissionConfig().initial_retry_after_s  # nothing measured yet
     assert d.queue_depth == 10 and "online (P1) queue is full" in d.reason
-    for i in range(5):  # 5 requests per second leave the P1 queue
+    for i in range(5):  # 5 requests per second leave the P1 queue, seen by a decision each
         clock.set(i * 0.2)
-        ac.on_dequeue(P1, 100)
+        q.serve(P1, 100)
+        ac.decide(P1, "a", 10)
     clock.set(1.0)
     d = ac.decide(P1, "a", 10)
     assert d.retry_after_s == pytest.approx(1 / 5)
@@ -153,23 +161,24 @@ def test_rate_limit_tokens_are_not_taken_when_the_queue_rejects():
 def test_p0_overflow_sheds_the_lowest_class_waiting_request():
     ac, q, _c = controller(max_queued_requests=(1, 10, 10, 10))
     q.depth[P0] = 1
-    q.waiting = [(P1, "online-1"), (P3, "bg-1"), (P2, "batch-1")]
+    q.waiting = [P1, P3, P2]
     d = ac.decide(P0, "a", 10)
-    assert d.admitted and d.shed_request_id == "bg-1"
-    q.waiting = [(P0, "rt-1")]
+    assert d.admitted and d.shed
+    q.waiting = [P0]
     assert ac.decide(P0, "a", 10).status == 503  # nobody lower to shed
 
 
 def test_shedding_can_be_turned_off():
     ac, q, _c = controller(max_queued_requests=(1, 10, 10, 10), shed_for_p0=False)
     q.depth[P0] = 1
-    q.waiting = [(P3, "bg-1")]
+    q.waiting = [P3]
     assert ac.decide(P0, "a", 10).status == 503
 
 
 def test_sla_miss_rejection_uses_the_estimated_wait():
     ac, q, clock = controller(reject_on_sla_miss=True, drain_window_s=1.0)
-    ac.on_dequeue(P0, 1)
+    q.serve(P0, 1)
+    ac.decide(P0, "a", 10)  # seen at t=0
     clock.set(1.0)  # P0 drains 1 request/s
     q.depth[P0] = 3
     d = ac.decide(P0, "a", 10)  # 4 s wait > 0.5 s SLA

@@ -201,21 +201,6 @@ def test_swap_out_refused_when_swap_space_is_short():
     kv.check_invariants()
 
 
-def test_fork_shares_full_blocks_and_copies_partial_tail():
-    kv = manager()
-    parent = make_request(10)
-    kv.allocate_slots(parent, 10)
-    parent.num_computed_tokens = 10
-    child = make_request(tokens=parent.all_token_ids)
-    assert kv.fork(parent, child) == [(2, 3)]
-    assert kv.block_ids(child.request_id) == [0, 1, 3]
-    assert [kv.pool.blocks[i].ref_cnt for i in range(4)] == [2, 2, 1, 1]
-    kv.free(parent.request_id)
-    kv.free(child.request_id)
-    assert kv.pool.num_free == 10
-    kv.check_invariants()
-
-
 def test_bad_calls_are_refused_with_clear_errors():
     kv = manager()
     r = make_request(4)

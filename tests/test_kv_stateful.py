@@ -98,19 +98,6 @@ class KVMachine(RuleBasedStateMachine):
         del self.live[req.request_id]
 
     @precondition(lambda self: self.live)
-    @rule(i=st.integers(0, 100), prio=PRIOS)
-    def fork(self, i, prio):
-        parent = self._pick(self.live, i)
-        child = make_request(tokens=parent.all_token_ids, priority=prio)
-        copies = self.kv.fork(parent, child)
-        if copies is None:
-            return
-        child.num_computed_tokens = parent.num_computed_tokens
-        self.allocated[child.request_id] = parent.num_computed_tokens
-        assert len(copies) == (1 if parent.num_computed_tokens % self.kv.block_size else 0)
-        self.live[child.request_id] = child
-
-    @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 100))
     def swap_out(self, i):
         req = self._pick(self.live, i)

@@ -5,6 +5,7 @@ import pytest
 from tests.helpers import make_request
 from tierserve.clock import ManualClock
 from tierserve.config import CacheConfig, PartitionConfig, PolicyConfig, SchedulerConfig
+from tierserve.core.outputs import SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts
 from tierserve.engine import EngineCore
 from tierserve.executor.fake import FakeExecutor
@@ -291,3 +292,36 @@ def test_express_steps_are_for_policies_that_serve_p0_strictly():
     eng.add_request(make_request(8, P0, max_tokens=5))
     step(eng, clock)
     assert eng.scheduler.express_steps == 0
+
+
+# -- every step reports every request that changed (issue 14, item 1) ---------------------------
+
+
+def test_lone_request_out_of_memory_is_reported_by_the_step_that_ends_it():
+    """Alone and out of blocks, a request is finished with `length` inside schedule(); the step
+    must still report it even though nothing else was scheduled."""
+    eng, clock = engine(num_blocks=4, block_size=4)  # 16 token slots in all
+    r = make_request(6, P1, max_tokens=100)
+    eng.add_request(r)
+    reported = []
+    for _ in range(100):
+        if not eng.has_unfinished():
+            break
+        reported += [x.request_id for x in step(eng, clock) if x.is_finished]
+    assert r.status == S.FINISHED and r.finish_reason.value == "length"
+    assert reported == [r.request_id]
+    assert eng.scheduler.kv.pool.num_free == 4
+
+
+def test_a_step_whose_only_news_is_a_preemption_reaches_the_executor():
+    """EngineCore.step hands the executor every output that carries news, even with no tokens
+    to run, so it forgets a preempted request's state."""
+    eng, clock = engine(num_blocks=8, block_size=4)
+    bg = make_request(12, P3, max_tokens=8)
+    eng.add_request(bg)
+    step(eng, clock)
+    assert bg.request_id in eng.executor.states
+    only_news = SchedulerOutput(step_id=99, preempted_req_ids={bg.request_id})
+    eng.scheduler.schedule = lambda: only_news
+    eng.step()
+    assert bg.request_id not in eng.executor.states

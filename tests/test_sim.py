@@ -70,14 +70,13 @@ def test_shipped_profiles_and_bad_names():
 def test_equal_time_events_follow_the_documented_order():
     q = EventQueue()
     q.push(1.0, EventKind.ARRIVAL, "a1")
-    q.push(1.0, EventKind.SAMPLE, "s1")
     q.push(1.0, EventKind.COMPLETION, "c1")
     q.push(0.5, EventKind.ARRIVAL, "early")
     q.push(1.0, EventKind.ARRIVAL, "a2")
     q.push(2.0, EventKind.COMPLETION, "late")
     got = [p for _, _, p in q.pop_due(1.0)]
-    # Time first; at equal time completion < arrival < sample; then insertion order.
-    assert got == ["early", "c1", "a1", "a2", "s1"]
+    # Time first; at equal time completion < arrival; then insertion order.
+    assert got == ["early", "c1", "a1", "a2"]
     assert len(q) == 1 and q.peek_time() == 2.0
 
 
@@ -276,3 +275,53 @@ def test_seed_table_grid_is_the_seed_design():
         and c.block_size == 16
         for c in cfgs
     )
+
+
+def test_driver_records_a_request_the_scheduler_ends_without_running_anything():
+    """A lone request that outgrows a tiny KV cache is finished inside schedule(); the driver
+    must record its end (issue 14 item 1: the same early-return shape as the engine loop)."""
+    from tierserve.admission import AdmissionController
+    from tierserve.clock import ManualClock
+    from tierserve.config import AdmissionConfig, CacheConfig, PartitionConfig, SchedulerConfig
+    from tierserve.engine import EngineCore
+    from tierserve.executor.fake import FakeExecutor
+    from tierserve.request import Request
+    from tierserve.sampling_params import SamplingParams
+    from tierserve.sim.driver import drive
+
+    class OneLongRequest(Workload):
+        def make(self, now):
+            self._n += 1
+            return Request(
+                f"long-{self._n}",
+                [5] * 6,
+                SamplingParams(max_tokens=100, ignore_eos=True),
+                priority=Priority.P1,
+                arrival_time=now,
+            )
+
+    clock = ManualClock()
+    flat = PartitionConfig(p0_floor_min=0, p0_floor_max=0, p0_ceiling=1.0, p1_reserve=0)
+    eng = EngineCore.build(
+        FakeExecutor(4, 4),
+        clock,
+        CacheConfig(4, 4, partitions=flat),
+        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=4096),
+    )
+    wl = OneLongRequest(WorkloadConfig(arrival="poisson", rate=0.001, duration_s=2.0, warmup_s=0))
+    adm = AdmissionController(AdmissionConfig(), eng.scheduler, clock)
+
+    def idle_until(t):
+        clock.advance(max(0.0, t - clock.now()))
+
+    run_step = eng.step
+
+    def step_taking_10ms():
+        clock.advance(0.01)
+        return run_step()
+
+    eng.step = step_taking_10ms
+    wl.gap = lambda: 0.5 if wl._n == 0 else 1e9  # one arrival, then none
+    result = drive(eng, wl, adm, idle_until)
+    assert [r.outcome for r in result.records] == ["failed"]  # truncated at `length`
+    assert result.records[0].finish is not None and result.records[0].output_tokens > 0

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from tierserve.config import PriorityConfig
 from tierserve.engine.core import StepStats
+from tierserve.engine.snapshot import EngineSnapshot
 from tierserve.priority import ALL_PRIORITIES, Priority
 from tierserve.request import Request
 
@@ -23,7 +24,7 @@ class Metrics:
         self.queue_depth = Gauge("llm_scheduler_queue_depth", "Waiting requests", p, registry=r)
         self.wait = Histogram(
             "llm_scheduler_wait_seconds",
-            "Enqueue to first token",
+            "Queue time: arrival to first scheduled",
             p,
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -98,7 +99,8 @@ class Metrics:
         label = req.base_priority.label
         ttft = req.first_token_time - req.arrival_time
         self.ttft.labels(label).observe(ttft)
-        self.wait.labels(label).observe(ttft)
+        if req.first_scheduled_time is not None:
+            self.wait.labels(label).observe(req.first_scheduled_time - req.arrival_time)
         self.tokens_in.labels(label).inc(req.num_prompt_tokens)
 
     def on_finished(self, req: Request) -> None:
@@ -119,24 +121,24 @@ class Metrics:
                 self._sla_met[p] += 1
             self.sla.labels(p.label, p.tier).set(self._sla_met[p] / self._sla_total[p])
 
-    def on_step(self, stats: StepStats, scheduler, swap_seconds: tuple[float, float]) -> None:
-        """Called from the engine thread after each step."""
+    def on_step(self, stats: StepStats, swap_seconds: tuple[float, float]) -> None:
+        """Called from the engine thread after each step that ran something."""
         self.schedule_time.observe(stats.schedule_s)
         if stats.swapped_in_blocks:
             self.swap.labels("in").observe(swap_seconds[0])
         if stats.swapped_out_blocks:
             self.swap.labels("out").observe(swap_seconds[1])
-        running = [0] * 4
-        for r in scheduler.running.values():
-            running[r.base_priority] += 1
-        kv = scheduler.kv.stats()
+
+    def on_snapshot(self, snap: EngineSnapshot) -> None:
+        """Gauges from the engine's published snapshot (after every step, batch of commands
+        and idle tick), so they follow aborts and drains even when no step runs."""
+        kv = snap.kv
         for q in ALL_PRIORITIES:
-            self.running.labels(q.label).set(running[q])
-            depth = scheduler.queue_depth(q)
-            self.waiting.labels(q.label).set(depth)
-            self.queue_depth.labels(q.label).set(depth)
+            self.running.labels(q.label).set(snap.running[q])
+            self.waiting.labels(q.label).set(snap.waiting[q])
+            self.queue_depth.labels(q.label).set(snap.waiting[q])
             self.hit_rate.labels(q.label).set(kv.hit_rate(q))
-        self.swapped.set(len(scheduler.swapped))
+        self.swapped.set(snap.swapped)
         part = kv.partitions
         self.kv_blocks.labels("floor", "used").set(part.floor_used)
         self.kv_blocks.labels("floor", "free").set(part.floor - part.floor_used)

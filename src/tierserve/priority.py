@@ -24,10 +24,6 @@ class Priority(IntEnum):
     def label(self) -> str:
         return f"P{int(self)}"
 
-    def promoted(self) -> Priority:
-        """One class more urgent (P0 stays P0)."""
-        return Priority(max(0, int(self) - 1))
-
 
 ALL_PRIORITIES: tuple[Priority, ...] = tuple(Priority)
 NUM_PRIORITIES = len(ALL_PRIORITIES)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-import threading
 
 import uvicorn
 
@@ -24,22 +23,6 @@ from tierserve.metrics import Metrics
 from tierserve.request import Request
 
 log = logging.getLogger("tierserve.server")
-
-
-class _LockedAdmission(AdmissionController):
-    """Decisions come from the event loop, drain measurements from the engine thread."""
-
-    def __init__(self, *a, **kw) -> None:
-        super().__init__(*a, **kw)
-        self._lock = threading.Lock()
-
-    def decide(self, *a, **kw):
-        with self._lock:
-            return super().decide(*a, **kw)
-
-    def on_dequeue(self, *a, **kw):
-        with self._lock:
-            return super().on_dequeue(*a, **kw)
 
 
 def tenant_registry(settings: ServerSettings) -> TenantRegistry:
@@ -59,11 +42,11 @@ def build_state(
     metrics = Metrics(args.priorities)
     tenants = tenant_registry(settings)
     engine = AsyncEngine(core, built.tokenizer)
-    admission = _LockedAdmission(args.admission, engine, core.clock, args.priorities)
+    # Admission runs on the event loop and reads the engine only through its snapshot.
+    admission = AdmissionController(args.admission, engine, core.clock, args.priorities)
     for t in tenants.tenants.values():
         if t.bucket is not None:
             admission.set_tenant_bucket(t.name, t.bucket)
-    sched.on_dequeue = lambda req: admission.on_dequeue(req.base_priority, req.num_prompt_tokens)
 
     def on_event(kind: str, req: Request) -> None:
         if kind == "first_token":
@@ -72,11 +55,12 @@ def build_state(
             metrics.on_finished(req)
 
     def on_step(stats) -> None:
-        metrics.on_step(stats, sched, built.executor.last_swap_seconds)
+        metrics.on_step(stats, built.executor.last_swap_seconds)
         for prio, reason in stats.preemptions:
             metrics.on_preempted(prio, reason)
 
-    engine.set_observers(on_event, on_step)
+    engine.set_observers(on_event, on_step, metrics.on_snapshot)
+    metrics.on_snapshot(engine.snapshot)  # gauges are right before the first request
     return ServerState(
         engine=engine,
         tokenizer=built.tokenizer,

@@ -6,8 +6,12 @@ queue limits in requests and tokens (503 + retry-after from the class's measured
 optionally whether the class's TTFT SLA can still be met (503). Tokens are taken from the buckets
 only when the request is admitted.
 
-A P0 request that finds the P0 queue full is not refused while a lower-class request waits: that
-request is shed instead (the caller fails it with the reason given here).
+A P0 request that finds the P0 queue full is not refused while a lower-class request waits: the
+decision says to shed one (the caller fails the latest arrival of the least urgent class).
+
+The controller reads the queue only through ``QueueView`` and keeps its own measurements: drain
+rates come from the view's cumulative served counts, read at each decision. In the server the
+view is the engine's published snapshot, so nothing here is shared with the engine thread.
 """
 
 from __future__ import annotations
@@ -26,14 +30,19 @@ MAX_RETRY_AFTER_S = 60.0
 
 
 class QueueView(Protocol):
-    """What admission needs to know about the waiting queue (the scheduler provides it)."""
+    """What admission needs to know about the waiting queue (the scheduler, or in the server
+    the engine's published snapshot, provides it)."""
 
     def queue_depth(self, priority: Priority) -> int: ...
 
     def queued_tokens(self, priority: Priority) -> int: ...
 
-    def lowest_waiting(self, below: Priority) -> str | None:
-        """Id of the waiting request to shed first among classes less urgent than `below`."""
+    def can_shed(self, below: Priority) -> bool:
+        """Whether a request of a class less urgent than `below` waits and could be shed."""
+
+    def dequeued(self, priority: Priority) -> tuple[int, int]:
+        """Requests and prompt tokens of `priority` that left the queue for the running batch,
+        counted since the start (monotonic)."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,7 @@ class Decision:
     reason: str = ""
     retry_after_s: float | None = None
     queue_depth: int = 0
-    shed_request_id: str | None = None
+    shed: bool = False  # admitted by shedding one lower-class waiter
 
 
 class AdmissionController:
@@ -67,6 +76,7 @@ class AdmissionController:
         w, a = config.drain_window_s, config.drain_alpha
         self._drain_reqs = [RateMeter(w, a) for _ in ALL_PRIORITIES]
         self._drain_tokens = [RateMeter(w, a) for _ in ALL_PRIORITIES]
+        self._seen = [queue.dequeued(p) for p in ALL_PRIORITIES]
         self.rejections: dict[tuple[str, Priority], int] = {}
 
     # -- configuration -------------------------------------------------------------------------
@@ -84,23 +94,30 @@ class AdmissionController:
         return b
 
     # -- measurements ----------------------------------------------------------------------
-    def on_dequeue(self, priority: Priority, tokens: int) -> None:
-        """A waiting request of `priority` left the queue for the running batch."""
-        now = self.clock.now()
-        self._drain_reqs[priority].add(1, now)
-        self._drain_tokens[priority].add(tokens, now)
+    def _measure(self, now: float) -> None:
+        """Feed what left the queues since the last look into the drain meters."""
+        for p in ALL_PRIORITIES:
+            reqs, tokens = self.queue.dequeued(p)
+            seen_r, seen_t = self._seen[p]
+            if reqs != seen_r:
+                self._drain_reqs[p].add(reqs - seen_r, now)
+                self._drain_tokens[p].add(tokens - seen_t, now)
+                self._seen[p] = (reqs, tokens)
 
     def queue_depth(self, priority: Priority) -> int:
         return self.queue.queue_depth(priority)
 
     def drain_rate(self, priority: Priority) -> float | None:
         """Requests per second leaving the queue of `priority` (None until measured)."""
-        return self._drain_reqs[priority].rate(self.clock.now())
+        now = self.clock.now()
+        self._measure(now)
+        return self._drain_reqs[priority].rate(now)
 
     def estimate_wait(self, priority: Priority) -> float | None:
         """Seconds a new request of `priority` would wait: the queued requests of its class and
         the more urgent ones, over their measured drain rate. None until a rate is measured."""
         now = self.clock.now()
+        self._measure(now)
         ahead = 0
         rate = 0.0
         measured = False
@@ -127,6 +144,7 @@ class AdmissionController:
     # -- the decision ------------------------------------------------------------------------
     def decide(self, priority: Priority, tenant: str, cost_tokens: int) -> Decision:
         now = self.clock.now()
+        self._measure(now)
         depth = self.queue.queue_depth(priority)
 
         def reject(status: int, kind: str, reason: str, retry: float | None) -> Decision:
@@ -159,14 +177,14 @@ class AdmissionController:
                 worst[0],
             )
 
-        shed: str | None = None
+        shed = False
         lim_n = self.config.max_queued_requests[priority]
         lim_t = self.config.max_queued_tokens[priority]
         queued_t = self.queue.queued_tokens(priority)
         full = depth + 1 > lim_n or queued_t + cost_tokens > lim_t
         if full and priority == Priority.P0 and self.config.shed_for_p0:
-            shed = self.queue.lowest_waiting(below=priority)
-        if full and shed is None:
+            shed = self.queue.can_shed(below=priority)
+        if full and not shed:
             if depth + 1 > lim_n:
                 retry = self._retry_after(self._drain_reqs[priority], depth + 1 - lim_n, now)
                 what = f"{depth} requests queued, limit {lim_n}"
@@ -181,7 +199,7 @@ class AdmissionController:
                 retry,
             )
 
-        if self.config.reject_on_sla_miss and shed is None:
+        if self.config.reject_on_sla_miss and not shed:
             sla = self.priorities.sla(priority)
             wait = self.estimate_wait(priority)
             if sla is not None and wait is not None and wait > sla:
@@ -195,4 +213,4 @@ class AdmissionController:
 
         for _, b in buckets:
             b.take(cost_tokens, now)
-        return Decision(True, priority, queue_depth=depth, shed_request_id=shed)
+        return Decision(True, priority, queue_depth=depth, shed=shed)

@@ -15,7 +15,7 @@ from tierserve.api.errors import APIError, admission_response
 from tierserve.api.protocol import _Common
 from tierserve.api.settings import ServerSettings
 from tierserve.api.tenancy import AuthError, BadPriority, Resolution, TenantRegistry
-from tierserve.engine.async_engine import AsyncEngine
+from tierserve.engine.async_engine import AsyncEngine, EngineDeadError
 from tierserve.metrics import Metrics
 from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.priority import VALID_TIER_NAMES
@@ -139,16 +139,16 @@ def prepare(
         )
     reqs = _requests(state, body, prompt_ids, max_tokens, res, tenant, prefix)
     try:  # what the scheduler would refuse (KV capacity of the class), refused here with a 400
-        state.engine.core.scheduler.validate(reqs[0])
+        state.engine.limits.check(reqs[0])
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
     decision = state.admission.decide(res.priority, tenant.name, (n_prompt + max_tokens) * body.n)
     if not decision.admitted:
         state.metrics.on_rejected(decision.error_type or "invalid_request", res.priority)
         return admission_response(decision)
-    if decision.shed_request_id is not None:
-        state.engine.fail(
-            decision.shed_request_id,
+    if decision.shed:
+        state.engine.shed(
+            res.priority,
             "shed: the queue was full and a realtime (P0) request took its place; retry later",
         )
     rid = reqs[0].request_id.rsplit("-", 1)[0]
@@ -157,5 +157,8 @@ def prepare(
         headers["x-tierserve-priority-clamped"] = "true"
     # Submitted in the same event-loop turn as the admission decision, so the next decision
     # already counts these requests.
-    streams = [state.engine.submit(r) for r in reqs]
+    try:  # requests submitted before a crash are failed by the engine's crash handler
+        streams = [state.engine.submit(r) for r in reqs]
+    except EngineDeadError as exc:
+        raise APIError(503, str(exc), "server_error") from None
     return Prepared(res, reqs, headers, rid, streams)

@@ -14,6 +14,7 @@ import time
 from tierserve.clock import ManualClock
 from tierserve.config import CacheConfig, PolicyConfig, SchedulerConfig
 from tierserve.core.kv import KVCacheManager
+from tierserve.core.outputs import ExecutorOutput
 from tierserve.core.scheduler import Scheduler
 from tierserve.policies import create_policy
 from tierserve.priority import Priority
@@ -41,7 +42,7 @@ def _step(s: Scheduler) -> float:
         for rid, n in out.num_scheduled_tokens.items()
         if s.requests[rid].num_computed_tokens + n == s.requests[rid].num_tokens
     }
-    s.update_from_output(out, sampled, {}, {})
+    s.update_from_output(out, ExecutorOutput(sampled_token_ids=sampled))
     return dt
 
 

@@ -2,8 +2,8 @@
 objects cross this line, so an executor may live in another process.
 
 Order of operations the executor applies for one ``SchedulerOutput``:
-``blocks_to_swap_in`` (host -> device), then ``blocks_to_swap_out`` (device -> host), then
-``blocks_to_copy``, then the forward pass. Swap-ins are planned before any preemption in a step,
+``blocks_to_swap_in`` (host -> device), then ``blocks_to_swap_out`` (device -> host), then the
+forward pass. Swap-ins are planned before any preemption in a step,
 so host blocks they free may be reused by the step's swap-outs (read before written), and device
 blocks freed by swap-outs may be reused by the step's new requests (read before written).
 """
@@ -46,18 +46,19 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int = 0
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) device
     # Requests the executor should forget: finished, aborted or preempted since the last step.
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
 
     @property
     def is_empty(self) -> bool:
+        """Nothing for the executor to do or to learn: no tokens, no swaps, no ids to forget."""
         return (
             self.total_num_scheduled_tokens == 0
             and not self.blocks_to_swap_in
             and not self.blocks_to_swap_out
-            and not self.blocks_to_copy
+            and not self.finished_req_ids
+            and not self.preempted_req_ids
         )
 
 

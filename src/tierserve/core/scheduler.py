@@ -28,7 +28,8 @@ from tierserve.config import SchedulerConfig
 from tierserve.core.invariants import check_scheduler
 from tierserve.core.kv import KVCacheManager
 from tierserve.core.kv.manager import NO_HITS, ComputedBlocks
-from tierserve.core.outputs import SchedulerOutput
+from tierserve.core.limits import RequestLimits
+from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts, PreemptionMode, choose_mode
 from tierserve.core.step_state import StepPlan
 from tierserve.core.stopping import check_stop
@@ -77,9 +78,15 @@ class Scheduler:
         self._waiting_count = [0] * NUM_PRIORITIES  # by submitted class
         self._waiting_tokens = [0] * NUM_PRIORITIES
         self.preemptions = PreemptionCounts()
+        self.limits = RequestLimits(
+            config.max_model_len, kv.block_size, tuple(kv.ledger.capacity(p) for p in Priority)
+        )
+        # Left the queue for the running batch since the start, by submitted class (requests,
+        # prompt tokens): admission control measures drain rates from these.
+        self.served = [0] * NUM_PRIORITIES
+        self.served_tokens = [0] * NUM_PRIORITIES
         # (victim's submitted class, "swap" | "recompute") since the last drain, for observers.
         self.preemption_events: list[tuple[Priority, str]] = []
-        self.on_dequeue = None  # optional callback(request) when a request leaves the queue
         self._changed: list[Request] = []  # finished inside schedule(), reported with the step
         self._last_express = -(10**9)
         self.express_steps = 0
@@ -87,20 +94,7 @@ class Scheduler:
     # -- intake ----------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
         """Raise ValueError (naming the numbers) if `request` can never be served here."""
-        if request.max_total_tokens > self.config.max_model_len:
-            raise ValueError(
-                f"request {request.request_id}: prompt ({request.num_prompt_tokens} tokens) + "
-                f"max_tokens ({request.sampling_params.max_tokens}) exceeds the model's context "
-                f"({self.config.max_model_len} tokens)"
-            )
-        need = -(-(request.num_prompt_tokens + 1) // self.kv.block_size)
-        cap = self.kv.ledger.capacity(request.priority)
-        if need > cap:
-            raise ValueError(
-                f"request {request.request_id}: the prompt needs {need} KV blocks; the cache "
-                f"can give a {request.priority.tier} ({request.priority.label}) request at most "
-                f"{cap}"
-            )
+        self.limits.check(request)
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -135,6 +129,10 @@ class Scheduler:
             self._swap_in(plan)
         self._schedule_running(plan, express)
         self._admit_waiting(plan, now, only_p0=bool(express))
+        # Requests ended inside this schedule() (alone and out of memory) are forgotten by the
+        # executor in this same step; update_from_output reports them.
+        plan.out.finished_req_ids |= self._forget
+        self._forget = set()
         out = plan.build(self.running, self.kv, self._known)
         if self.config.check_invariants:
             self.check_invariants(out)
@@ -251,8 +249,8 @@ class Scheduler:
                 req.first_scheduled_time = now
             self.running[req.request_id] = req
             plan.schedule(req, n, ids)
-            if self.on_dequeue is not None:
-                self.on_dequeue(req)
+            self.served[req.base_priority] += 1
+            self.served_tokens[req.base_priority] += req.num_prompt_tokens
 
     def _shortfall(self, req: Request, n: int, computed: ComputedBlocks) -> int:
         """Blocks `req` needs beyond what its class can be given right now."""
@@ -322,10 +320,12 @@ class Scheduler:
             self.preemptions.recompute += 1
 
     # -- results ---------------------------------------------------------------------------
-    def update_from_output(self, out: SchedulerOutput, sampled, logprobs, failed) -> list[Request]:
+    def update_from_output(self, out: SchedulerOutput, result: ExecutorOutput) -> list[Request]:
         """Advance computed tokens, append sampled tokens, apply stop conditions. Returns the
-        requests that changed (got a token, finished or failed), in scheduling order."""
+        requests that changed in this step (finished inside ``schedule()``, got a token,
+        finished or failed), in scheduling order. Called after every ``schedule()``."""
         now = self.clock.now()
+        sampled, logprobs, failed = result.sampled_token_ids, result.logprobs, result.failed
         changed, self._changed = self._changed, []
         for rid, n in out.num_scheduled_tokens.items():
             req = self.running.get(rid)
@@ -381,7 +381,15 @@ class Scheduler:
     def queued_tokens(self, priority: Priority) -> int:
         return self._waiting_tokens[priority]
 
+    def dequeued(self, priority: Priority) -> tuple[int, int]:
+        return self.served[priority], self.served_tokens[priority]
+
+    def can_shed(self, below: Priority) -> bool:
+        return any(self._waiting_count[c] for c in range(int(below) + 1, NUM_PRIORITIES))
+
     def lowest_waiting(self, below: Priority) -> str | None:
+        """The waiting request to shed first among classes less urgent than `below`: the
+        latest arrival of the least urgent class. O(waiting); called only when shedding."""
         cands = [r for r in self.policy.requests() if r.base_priority > below]
         if not cands:
             return None

@@ -1,10 +1,15 @@
 """AsyncEngine: runs EngineCore in its own thread beside the asyncio event loop.
 
-The event loop never waits on the model: handlers put commands (add, abort, fail) on a queue and
-read per-request ``asyncio.Queue`` streams; the engine thread drains commands between steps,
-steps, detokenizes, applies stop strings, and hands deltas back with
-``loop.call_soon_threadsafe``. So ``/health`` and ``/metrics`` answer promptly while the engine is
-saturated, and an abort (client gone) takes effect before the next step.
+The two threads share no live mutable state. The event loop sends commands (add, abort, fail,
+shed) through a queue and reads two things: each request's ``asyncio.Queue`` of deltas, filled
+with ``loop.call_soon_threadsafe``, and the latest ``EngineSnapshot``, which the engine thread
+publishes after every step, every batch of commands and every idle tick. The engine thread owns
+the scheduler, the output processor (detokenizer, stop strings) and its table of streams; the
+event loop owns its own counters (submitted requests, streams still open).
+
+So ``/health`` and ``/metrics`` answer promptly while the engine is saturated, an abort (client
+gone) takes effect before the next step, and admission control never iterates a dict that the
+engine thread is changing.
 """
 
 from __future__ import annotations
@@ -18,13 +23,21 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from tierserve.core.limits import RequestLimits
 from tierserve.engine.core import EngineCore, StepStats
 from tierserve.engine.output_processor import OutputProcessor
+from tierserve.engine.snapshot import EngineSnapshot, take_snapshot
 from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import Request
 
 log = logging.getLogger("tierserve.engine")
+
+IDLE_TICK_S = 0.1
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread is not running: nothing can be submitted."""
 
 
 @dataclass
@@ -44,7 +57,7 @@ class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     request: Request
-    sent_tokens: int = 0
+    sent_tokens: int = 0  # engine thread only
 
 
 class AsyncEngine:
@@ -54,48 +67,72 @@ class AsyncEngine:
         tokenizer: ChatTokenizer,
         on_event: Callable[[str, Request], None] | None = None,
         on_step: Callable[[StepStats], None] | None = None,
+        on_snapshot: Callable[[EngineSnapshot], None] | None = None,
     ) -> None:
         self.core = core
         self.tokenizer = tokenizer
+        self.limits: RequestLimits = core.scheduler.limits  # immutable
         self._proc = OutputProcessor(tokenizer)
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, _Stream] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tierserve-engine", daemon=True)
-        self._on_event = on_event or (lambda kind, req: None)
-        self._on_step = on_step or (lambda stats: None)
-        self.heartbeat = 0.0
+        self.set_observers(on_event, on_step, on_snapshot)
+        self.heartbeat = time.monotonic()
         self.error: BaseException | None = None
-        # Submitted but not yet handed to the scheduler, by submitted class: admission control
-        # must count these, or a burst slips past the queue limits between two steps.
-        self._pending = [0] * NUM_PRIORITIES
-        self._pending_tokens = [0] * NUM_PRIORITIES
-
-    # -- queue view for admission control (event loop side) ------------------------------
-    def queue_depth(self, priority: Priority) -> int:
-        """Requests of `priority` that will have to wait: queued or just submitted, minus the
-        running seats still free for them (a burst into an idle server is not a queue)."""
-        sched = self.core.scheduler
-        own = sched.queue_depth(priority) + self._pending[priority]
-        everyone = sum(sched.queue_depth(p) for p in range(NUM_PRIORITIES)) + sum(self._pending)
-        free = max(0, sched.config.max_num_seqs - len(sched.running) - (everyone - own))
-        return max(0, own - free)
-
-    def queued_tokens(self, priority: Priority) -> int:
-        return self.core.scheduler.queued_tokens(priority) + self._pending_tokens[priority]
-
-    def lowest_waiting(self, below: Priority) -> str | None:
-        return self.core.scheduler.lowest_waiting(below)
+        # Hand-over between submit() and a crashing engine thread: a request is either queued
+        # before the engine is marked dead (and failed by the crash handler) or refused.
+        self._handover = threading.Lock()
+        # Engine thread only.
+        self._streams: dict[str, _Stream] = {}
+        self._intake = [0] * NUM_PRIORITIES
+        self._intake_tokens = [0] * NUM_PRIORITIES
+        self._sheds = 0
+        self._seq = 0
+        # Event loop only.
+        self._submitted = [0] * NUM_PRIORITIES
+        self._submitted_tokens = [0] * NUM_PRIORITIES
+        self._sheds_asked = 0
+        self._open: set[str] = set()
+        self.snapshot: EngineSnapshot = take_snapshot(core, 0)
 
     def set_observers(
         self,
         on_event: Callable[[str, Request], None] | None,
         on_step: Callable[[StepStats], None] | None,
+        on_snapshot: Callable[[EngineSnapshot], None] | None = None,
     ) -> None:
-        """Install callbacks (before start): request events and per-step stats."""
+        """Install callbacks (before start); they run on the engine thread."""
         self._on_event = on_event or (lambda kind, req: None)
         self._on_step = on_step or (lambda stats: None)
+        self._on_snapshot = on_snapshot or (lambda snap: None)
+
+    # -- queue view for admission control (event loop side, from the snapshot) ---------------
+    def _pending(self, snap: EngineSnapshot) -> list[int]:
+        return [self._submitted[c] - snap.intake[c] for c in range(NUM_PRIORITIES)]
+
+    def queue_depth(self, priority: Priority) -> int:
+        """Requests of `priority` that will have to wait: queued or just submitted, minus the
+        running seats still free for them (a burst into an idle server is not a queue)."""
+        snap = self.snapshot
+        pending = self._pending(snap)
+        own = snap.waiting[priority] + pending[priority]
+        everyone = sum(snap.waiting) + sum(pending)
+        free = max(0, snap.max_num_seqs - snap.num_running - (everyone - own))
+        return max(0, own - free)
+
+    def queued_tokens(self, priority: Priority) -> int:
+        snap = self.snapshot
+        pending = self._submitted_tokens[priority] - snap.intake_tokens[priority]
+        return snap.waiting_tokens[priority] + pending
+
+    def can_shed(self, below: Priority) -> bool:
+        snap = self.snapshot
+        lower = sum(snap.waiting[c] for c in range(int(below) + 1, NUM_PRIORITIES))
+        return lower - (self._sheds_asked - snap.sheds) > 0
+
+    def dequeued(self, priority: Priority) -> tuple[int, int]:
+        return self.snapshot.served[priority]
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -105,29 +142,33 @@ class AsyncEngine:
         return self._thread.is_alive() and self.error is None
 
     def num_in_flight(self) -> int:
-        return len(self._streams)
+        """Streams submitted whose terminal delta has not reached the event loop yet."""
+        return len(self._open)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Abort whatever is still in flight and stop the engine thread (it drains these
         aborts before it exits)."""
-        for rid in list(self._streams):
+        for rid in list(self._open):
             self.abort(rid, "server shutting down")
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
-        else:  # never started: nobody else will drain the queue
+        elif self.error is None:  # never started: nobody else will drain the queue
             self._drain_commands()
 
     # -- requests (called on the event loop) ------------------------------------------------
     def submit(self, request: Request) -> _Stream:
         """Hand `request` to the engine now (counted by admission control from this moment);
-        read its deltas with ``deltas``. Call from the event loop."""
+        read its deltas with ``deltas``. Raises EngineDeadError if the engine has stopped."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), request)
-        self._streams[request.request_id] = stream
-        self._pending[request.priority] += 1
-        self._pending_tokens[request.priority] += request.num_prompt_tokens
-        self._send(("add", request))
+        with self._handover:
+            if self.error is not None:
+                raise EngineDeadError(f"the engine has stopped: {self.error!r}")
+            self._submitted[request.priority] += 1
+            self._submitted_tokens[request.priority] += request.num_prompt_tokens
+            self._open.add(request.request_id)
+            self._send(("add", stream))
         return stream
 
     async def deltas(self, stream: _Stream) -> AsyncIterator[StreamDelta]:
@@ -154,8 +195,14 @@ class AsyncEngine:
         self._send(("abort", request_id, reason))
 
     def fail(self, request_id: str, reason: str) -> None:
-        """End a request with an error (e.g. shed under overload); its client is told why."""
+        """End a request with an error; its client is told why."""
         self._send(("fail", request_id, reason))
+
+    def shed(self, below: Priority, reason: str) -> None:
+        """Fail the waiting request to shed first among classes less urgent than `below`
+        (admission made room for a more urgent request)."""
+        self._sheds_asked += 1
+        self._send(("shed", below, reason))
 
     def _send(self, cmd: tuple) -> None:
         self._cmds.put(cmd)
@@ -166,42 +213,56 @@ class AsyncEngine:
         try:
             while True:
                 self.heartbeat = time.monotonic()
-                self._drain_commands()
+                news = self._drain_commands()
                 if self._stop.is_set():
+                    self._publish()
                     return
                 if self.core.has_unfinished():
                     changed = self.core.step()
                     if self.core.last_stats is not None:
                         self._on_step(self.core.last_stats)
                     self._dispatch(changed)
+                    self._publish()
+                    if self.core.last_stats is None and not changed:
+                        self._idle()  # nothing could run: wait for news, do not spin
                 else:
-                    self._wake.wait(0.1)
-                    self._wake.clear()
+                    if news:
+                        self._publish()
+                    self._idle()
         except BaseException as exc:  # the engine is broken: fail everyone, loudly
             log.exception("engine thread crashed")
-            self.error = exc
+            with self._handover:
+                self.error = exc
+            self._drain_commands(failing=f"engine error: {exc!r}")
             for rid in list(self._streams):
                 self._finish_stream(rid, "error", f"engine error: {exc!r}")
 
-    def _drain_commands(self) -> None:
+    def _idle(self) -> None:
+        if not self._wake.wait(IDLE_TICK_S):
+            self._publish()  # the idle tick: gauges stay fresh while nothing happens
+        self._wake.clear()
+
+    def _publish(self) -> None:
+        self._seq += 1
+        snap = take_snapshot(
+            self.core, self._seq, tuple(self._intake), tuple(self._intake_tokens), self._sheds
+        )
+        self.snapshot = snap  # one reference swap: readers see the old or the new, whole
+        self._on_snapshot(snap)
+
+    def _drain_commands(self, failing: str | None = None) -> bool:
+        """Carry out queued commands; with `failing`, refuse every queued request instead
+        (the engine is dead). Returns whether there were any."""
+        news = False
         while True:
             try:
                 cmd = self._cmds.get_nowait()
             except queue.Empty:
-                return
+                return news
+            news = True
             kind = cmd[0]
             if kind == "add":
-                req = cmd[1]
-                # From here on the scheduler counts it (or it is refused).
-                self._pending[req.priority] -= 1
-                self._pending_tokens[req.priority] -= req.num_prompt_tokens
-                try:
-                    self.core.add_request(req)
-                except ValueError as exc:
-                    self._finish_stream(req.request_id, "error", str(exc))
-                    continue
-                self._proc.add(req)
-                self._on_event("added", req)
+                self._add(cmd[1], failing)
             elif kind in ("abort", "fail"):
                 rid, reason = cmd[1], cmd[2]
                 end = self.core.abort_request if kind == "abort" else self.core.fail_request
@@ -209,6 +270,28 @@ class AsyncEngine:
                 if req is not None:
                     self._on_event("finished", req)
                 self._finish_stream(rid, "abort" if kind == "abort" else "error", reason)
+            elif kind == "shed":
+                self._sheds += 1
+                req = self.core.shed_lowest(cmd[1], cmd[2])
+                if req is not None:
+                    self._on_event("finished", req)
+                    self._finish_stream(req.request_id, "error", cmd[2])
+
+    def _add(self, stream: _Stream, failing: str | None) -> None:
+        req = stream.request
+        self._streams[req.request_id] = stream
+        self._intake[req.priority] += 1
+        self._intake_tokens[req.priority] += req.num_prompt_tokens
+        if failing is not None:
+            self._finish_stream(req.request_id, "error", failing)
+            return
+        try:
+            self.core.add_request(req)
+        except ValueError as exc:
+            self._finish_stream(req.request_id, "error", str(exc))
+            return
+        self._proc.add(req)
+        self._on_event("added", req)
 
     def _dispatch(self, changed: list[Request]) -> None:
         for req in changed:
@@ -259,8 +342,13 @@ class AsyncEngine:
         self._streams.pop(rid, None)
         self._proc.remove(rid)
 
-    @staticmethod
-    def _put(stream: _Stream, delta: StreamDelta) -> None:
+    def _put(self, stream: _Stream, delta: StreamDelta) -> None:
         # A closed event loop raises RuntimeError: nobody is listening any more.
         with contextlib.suppress(RuntimeError):
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, delta)
+            stream.loop.call_soon_threadsafe(self._deliver, stream, delta)
+
+    def _deliver(self, stream: _Stream, delta: StreamDelta) -> None:
+        """On the event loop: hand a delta to its reader; a terminal one closes the stream."""
+        stream.queue.put_nowait(delta)
+        if delta.finished:
+            self._open.discard(stream.request.request_id)

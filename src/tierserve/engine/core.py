@@ -1,24 +1,28 @@
 """EngineCore: the step loop. ``step()`` is three calls:
 ``schedule()`` -> ``executor.execute(output)`` -> ``update_from_output()``.
 
+Every step reports every request that changed in it, whatever else happened: a request finished
+inside ``schedule()`` (alone and out of KV memory) comes back from ``update_from_output`` like
+one that sampled its last token, and an output whose only news is a preemption or a finished id
+still reaches the executor. There is no early return between the three calls.
+
 An executor error fails the step's requests (their KV is freed) and the engine keeps serving the
-others. Every step records ``StepStats``; observers (metrics, simulator) subscribe with
-``add_step_listener``.
+others. A step that ran something records ``StepStats`` in ``last_stats`` (None otherwise).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from tierserve.clock import Clock
 from tierserve.config import CacheConfig, PolicyConfig, PriorityConfig, SchedulerConfig
 from tierserve.core.kv import KVCacheManager
-from tierserve.core.outputs import ExecutorOutput
+from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.scheduler import Scheduler
 from tierserve.executor.base import Executor
 from tierserve.policies import create_policy
+from tierserve.priority import Priority
 from tierserve.request import Request, RequestStatus
 
 
@@ -50,7 +54,6 @@ class EngineCore:
         self.executor = executor
         self.clock = clock
         self.last_stats: StepStats | None = None
-        self._listeners: list[Callable[[StepStats, list[Request]], None]] = []
         self.num_steps = 0
         self.num_failed_steps = 0
 
@@ -71,9 +74,6 @@ class EngineCore:
         )
         return cls(scheduler, executor, clock)
 
-    def add_step_listener(self, fn: Callable[[StepStats, list[Request]], None]) -> None:
-        self._listeners.append(fn)
-
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -89,6 +89,12 @@ class EngineCore:
             return None
         return self.scheduler.finish(request_id, RequestStatus.FAILED, reason)
 
+    def shed_lowest(self, below: Priority, reason: str) -> Request | None:
+        """Fail the waiting request to shed first among classes less urgent than `below`
+        (admission made room for a more urgent one). None if nobody waits there."""
+        rid = self.scheduler.lowest_waiting(below)
+        return None if rid is None else self.fail_request(rid, reason)
+
     def finish_request(self, request_id: str, reason: str = "stop") -> Request | None:
         """Finish a running request early (e.g. a stop string matched in the detokenizer)."""
         if request_id not in self.scheduler.running:
@@ -100,44 +106,51 @@ class EngineCore:
 
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> list[Request]:
-        """Run one step; return the requests that got a token, finished or failed."""
+        """Run one step; return the requests that got a token, finished or failed in it.
+        ``last_stats`` is set when the step ran anything (tokens or swaps), else None."""
         s = self.scheduler
         before = s.preemptions
         swap0, rec0 = before.swap, before.recompute
         in0, out0 = before.swapped_in_blocks, before.swapped_out_blocks
         s.preemption_events.clear()
+        self.last_stats = None
         t0 = time.perf_counter()
         out = s.schedule()
         t1 = time.perf_counter()
-        if out.is_empty and not out.finished_req_ids:
-            return []
+        result = ExecutorOutput() if out.is_empty else self._execute(out)
+        t2 = time.perf_counter()
+        changed = s.update_from_output(out, result)
+        ran = out.total_num_scheduled_tokens or out.blocks_to_swap_in or out.blocks_to_swap_out
+        if ran:
+            self.num_steps += 1
+            self.last_stats = self._stats(out, result, t1 - t0, t2 - t1, swap0, rec0, in0, out0)
+        return changed
+
+    def _execute(self, out: SchedulerOutput) -> ExecutorOutput:
         try:
-            result = self.executor.execute(out)
+            return self.executor.execute(out)
         except Exception as exc:  # the step's requests fail; everyone else keeps going
             self.num_failed_steps += 1
-            result = ExecutorOutput(
+            return ExecutorOutput(
                 failed={rid: f"executor error: {exc!r}" for rid in out.num_scheduled_tokens}
             )
-        t2 = time.perf_counter()
+
+    def _stats(self, out, result, schedule_s, execute_s, swap0, rec0, in0, out0) -> StepStats:
+        s, p = self.scheduler, self.scheduler.preemptions
         prefill = sum(
             n
             for rid, n in out.num_scheduled_tokens.items()
             if rid not in result.sampled_token_ids or n > 1
         )
-        changed = s.update_from_output(
-            out, result.sampled_token_ids, result.logprobs, result.failed
-        )
-        p = s.preemptions
-        self.num_steps += 1
-        self.last_stats = StepStats(
+        return StepStats(
             step=out.step_id,
             time=self.clock.now(),
             batch_size=len(out.num_scheduled_tokens),
             num_tokens=out.total_num_scheduled_tokens,
             num_prefill_tokens=prefill,
             num_decode_tokens=out.total_num_scheduled_tokens - prefill,
-            schedule_s=t1 - t0,
-            execute_s=t2 - t1,
+            schedule_s=schedule_s,
+            execute_s=execute_s,
             preempted_swap=p.swap - swap0,
             preempted_recompute=p.recompute - rec0,
             swapped_in_blocks=p.swapped_in_blocks - in0,
@@ -148,6 +161,3 @@ class EngineCore:
             kv_usage=s.kv.usage(),
             preemptions=tuple(s.preemption_events),
         )
-        for fn in self._listeners:
-            fn(self.last_stats, changed)
-        return changed

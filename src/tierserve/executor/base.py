@@ -10,7 +10,7 @@ from tierserve.core.preemption import PreemptionCosts
 
 class Executor(Protocol):
     def execute(self, output: SchedulerOutput) -> ExecutorOutput:
-        """Apply swaps and copies, run one forward pass, sample. May raise: the engine then
+        """Apply swaps, run one forward pass, sample. May raise: the engine then
         fails the step's requests and keeps serving."""
 
     def preemption_costs(self) -> PreemptionCosts | None:

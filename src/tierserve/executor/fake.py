@@ -72,8 +72,6 @@ class FakeExecutor:
             self.device[dev] = list(self.host[host])
         for dev, host in out.blocks_to_swap_out:
             self.host[host] = list(self.device[dev])
-        for src, dst in out.blocks_to_copy:
-            self.device[dst] = list(self.device[src])
         for new in out.scheduled_new:
             st = _State(list(new.token_ids), list(new.block_ids), new.num_computed_tokens)
             self.states[new.request_id] = st

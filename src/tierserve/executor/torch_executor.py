@@ -158,7 +158,6 @@ class TorchExecutor:
             self._timed_copy(self.host_caches, self.kv_caches, out.blocks_to_swap_in),
             self._timed_copy(self.kv_caches, self.host_caches, out.blocks_to_swap_out),
         )
-        self._copy_blocks(self.kv_caches, self.kv_caches, out.blocks_to_copy)
         for new in out.scheduled_new:
             self.states[new.request_id] = RequestState(
                 list(new.token_ids),

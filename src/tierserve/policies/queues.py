@@ -53,9 +53,6 @@ class RequestHeap:
             heapq.heappop(heap)
         return heap[0][2] if heap else None
 
-    def peek_key(self) -> tuple | None:
-        return self._heap[0][0] if self.peek() is not None else None
-
     def pop(self) -> Request | None:
         req = self.peek()
         if req is not None:

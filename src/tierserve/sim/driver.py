@@ -139,18 +139,18 @@ def drive(
                 if cfg.arrival == "closed":
                     events.push(retry, EventKind.ARRIVAL)
             else:
-                if d.shed_request_id is not None and d.shed_request_id in live:
-                    shed = engine.fail_request(d.shed_request_id, "shed for a P0 request")
-                    if shed is not None:
+                if d.shed:
+                    shed = engine.shed_lowest(req.priority, "shed for a P0 request")
+                    if shed is not None and shed.request_id in live:
                         finished(shed, now)
                 engine.add_request(req)
                 live[req.request_id] = rec
             if cfg.arrival != "closed":
                 events.push(t + workload.gap(), EventKind.ARRIVAL)
         if engine.has_unfinished():
-            started, steps = clock.now(), engine.num_steps
-            changed = engine.step()
-            if engine.num_steps == steps:  # nothing could be scheduled: wait for an event
+            started = clock.now()
+            changed = engine.step()  # may end requests even when it runs nothing
+            if engine.last_stats is None and not changed:  # nothing could be scheduled
                 nxt = events.peek_time()
                 if nxt is None:
                     raise RuntimeError("the engine has work it cannot schedule and none arrives")

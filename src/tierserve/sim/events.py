@@ -3,7 +3,7 @@
 
 1. earlier time first;
 2. at equal times, lower ``EventKind`` first: finishing work frees memory and seats before new
-   arrivals ask for them (``COMPLETION`` < ``ARRIVAL`` < ``SAMPLE``);
+   arrivals ask for them (``COMPLETION`` < ``ARRIVAL``);
 3. then insertion order.
 """
 
@@ -18,7 +18,6 @@ from typing import Any
 class EventKind(IntEnum):
     COMPLETION = 0
     ARRIVAL = 1
-    SAMPLE = 2
 
 
 class EventQueue:

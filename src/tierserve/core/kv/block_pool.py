@@ -111,17 +111,6 @@ class BlockPool:
         self._cached[block_hash] = blk
         return True
 
-    def reset_prefix_cache(self) -> int:
-        """Forget every cached hash of a free block; return how many were dropped."""
-        dropped = 0
-        for h, blk in list(self._cached.items()):
-            if blk.ref_cnt == 0:
-                del self._cached[h]
-                blk.block_hash = None
-                self._free.move_to_end(blk.block_id, last=False)
-                dropped += 1
-        return dropped
-
     def check_invariants(self) -> None:
         free = set(self._free)
         if len(free) != len(self._free):

@@ -204,32 +204,6 @@ class KVCacheManager:
         )
         return [b.block_id for b in computed.blocks] + [b.block_id for b in new]
 
-    def fork(self, parent: Request, child: Request) -> list[tuple[int, int]] | None:
-        """Let `child` share `parent`'s computed prefix (e.g. for n > 1 sampling). Full blocks
-        are shared by reference; a partially filled last block is copied (copy-on-write).
-        Returns the (src, dst) block copies the executor must make, or None if no room."""
-        ph = self._get_held(parent.request_id)
-        if child.request_id in self._held or child.request_id in self._swapped:
-            raise KVCacheError(f"fork target {child.request_id} already holds KV")
-        ncomp = parent.num_computed_tokens
-        full, partial = divmod(ncomp, self.block_size)
-        if math.ceil(ncomp / self.block_size) > len(ph.blocks):
-            raise KVCacheError(f"parent {parent.request_id} has fewer blocks than computed tokens")
-        need = 1 if partial else 0
-        if need > self.pool.num_free:
-            return None
-        borrowed = self.ledger.plan(child.priority, need)
-        if borrowed is None:
-            return None
-        shared = ph.blocks[:full]
-        self.pool.touch(shared)
-        new = self.pool.get_new_blocks(need)
-        self._charge(child.priority, new, borrowed)
-        self._held[child.request_id] = _Held(
-            child.priority, shared + new, num_cached=min(ph.num_cached, full), num_tokens=ncomp
-        )
-        return [(ph.blocks[full].block_id, new[0].block_id)] if partial else []
-
     def free(self, request_id: str) -> None:
         """Release everything the request holds on the device or in swap space."""
         held = self._held.pop(request_id, None)
