@@ -144,6 +144,12 @@ class PartitionConfig:
         return PartitionSizes(num_blocks, fmin, fmax, ceil, res)
 
 
+# One shared region: what a class-blind policy (fcfs) runs on.
+FLAT_PARTITIONS = PartitionConfig(
+    p0_floor_min=0, p0_floor_max=0, p0_ceiling=1.0, p1_reserve=0, borrowers=(), adaptive=False
+)
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16

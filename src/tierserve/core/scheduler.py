@@ -41,10 +41,6 @@ from tierserve.request import FinishReason, Request, RequestStatus
 S = RequestStatus
 
 
-def rank(r: Request) -> tuple:
-    return (r.priority, *arrival_key(r))
-
-
 @dataclass
 class PreemptionCounts:
     swap: int = 0
@@ -119,7 +115,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         now = self.clock.now()
         self.kv.observe(now)
-        self.kv.set_p1_waiting(self.policy.waiting_by_class()[Priority.P1] > 0)
+        if self.policy.class_aware:
+            self.kv.set_p1_waiting(self.policy.waiting_by_class()[Priority.P1] > 0)
         plan = StepPlan(self._step, self.config.max_num_batched_tokens)
         self._step += 1
         plan.out.finished_req_ids = self._forget
@@ -144,9 +141,8 @@ class Scheduler:
     def _tokens_for(self, req: Request, budget: int, already: int = 0) -> int:
         remaining = req.num_tokens - req.num_computed_tokens - already
         cap = budget
-        if (
-            req.priority != Priority.P0
-            and req.num_prompt_tokens > self.config.long_prefill_threshold
+        if req.num_prompt_tokens > self.config.long_prefill_threshold and not (
+            self.policy.prefill_cap_exempt(req)
         ):
             cap = min(cap, self.config.long_prefill_max_tokens)
         return max(0, min(remaining, cap))
@@ -156,7 +152,9 @@ class Scheduler:
             return
         waiting = self.policy.waiting_by_class()
         top_waiting = next((c for c in range(NUM_PRIORITIES) if waiting[c]), NUM_PRIORITIES)
-        for req in sorted(self.swapped.values(), key=rank):
+        if not self.policy.class_aware:
+            top_waiting = NUM_PRIORITIES  # nobody waiting outranks a swapped request
+        for req in sorted(self.swapped.values(), key=self.policy.rank):
             if self._seats() <= 0 or plan.budget <= 0 or top_waiting < req.priority:
                 break
             mapping = self.kv.swap_in(req)
@@ -189,7 +187,7 @@ class Scheduler:
         # strict), so such a request is not stuck behind a long lower-class prompt admitted
         # earlier. Decodes (one token) are never held back.
         ahead = self._strict_ahead()
-        for req in sorted(self.running.values(), key=rank):
+        for req in sorted(self.running.values(), key=self.policy.rank):
             if req.request_id not in self.running or plan.budget <= 0:
                 continue
             lower = req.priority != Priority.P0

@@ -13,10 +13,16 @@ others. A step that ran something records ``StepStats`` in ``last_stats`` (None 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tierserve.clock import Clock
-from tierserve.config import CacheConfig, PolicyConfig, PriorityConfig, SchedulerConfig
+from tierserve.config import (
+    FLAT_PARTITIONS,
+    CacheConfig,
+    PolicyConfig,
+    PriorityConfig,
+    SchedulerConfig,
+)
 from tierserve.core.kv import KVCacheManager
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.scheduler import Scheduler
@@ -67,8 +73,10 @@ class EngineCore:
         policy: PolicyConfig | None = None,
         priorities: PriorityConfig | None = None,
     ) -> EngineCore:
-        kv = KVCacheManager(cache)
         pol = create_policy(policy or PolicyConfig(), priorities)
+        if not pol.class_aware:  # a class-blind policy gets one shared pool: no floor, no reserve
+            cache = replace(cache, partitions=FLAT_PARTITIONS)
+        kv = KVCacheManager(cache)
         scheduler = Scheduler(
             sched or SchedulerConfig(), kv, pol, clock, executor.preemption_costs()
         )

@@ -43,8 +43,20 @@ def arrival_key(request: Request) -> tuple[float, int]:
 
 
 class Policy(ABC):
+    """Besides ordering and victims, a policy declares the traits the scheduler and the engine
+    builder consult, so that no class rule lives outside the policy:
+
+    * ``class_aware``: classes are treated differently at all. When False (fcfs), the
+      scheduler ranks running requests by arrival only, exempts no class from the long-prefill
+      cap, signals no P1 demand to the KV ledger, lets swapped requests back regardless of the
+      classes waiting, and the engine builds a flat KV pool (no P0 floor, no P1 reservation).
+    * ``p0_strict``: a waiting P0 request is always served first (and gets express steps).
+    * ``strict_before(c)``: classes whose waiting tokens a prefill chunk of class ``c`` leaves
+      step budget for.
+    """
+
     name: str = ""
-    # Whether a waiting P0 request is always served before any other class.
+    class_aware: bool = True
     p0_strict: bool = False
 
     def strict_before(self, priority: Priority) -> tuple[Priority, ...]:
@@ -56,6 +68,16 @@ class Policy(ABC):
     def __init__(self, config: PolicyConfig, priorities: PriorityConfig | None = None) -> None:
         self.config = config
         self.priorities = priorities or PriorityConfig()
+
+    def rank(self, request: Request) -> tuple:
+        """Order of running and swapped requests (who grows first, who comes back first)."""
+        if self.class_aware:
+            return (request.priority, *arrival_key(request))
+        return arrival_key(request)
+
+    def prefill_cap_exempt(self, request: Request) -> bool:
+        """Whether a long prompt of `request` may take a whole step's budget (P0 may)."""
+        return self.class_aware and request.priority == Priority.P0
 
     # -- queue ---------------------------------------------------------------------------------
     @abstractmethod

@@ -11,6 +11,8 @@ from tierserve.request import Request, RequestStatus
 
 @register_policy("fcfs")
 class FCFSPolicy(Policy):
+    class_aware = False
+
     def __init__(self, config, priorities=None) -> None:
         super().__init__(config, priorities)
         self._heap = RequestHeap()
@@ -49,6 +51,11 @@ class FCFSPolicy(Policy):
 
     def requests(self) -> list[Request]:
         return self._heap.requests()
+
+    def select_victims(self, candidates, for_request, blocks_needed):
+        # The KV reclaim order ranks by class; arrival order alone decides here: latest first.
+        latest_first = sorted(candidates, key=lambda c: arrival_key(c.request), reverse=True)
+        return super().select_victims(latest_first, for_request, blocks_needed)
 
     def may_preempt(self, for_request: Request, victim: Request) -> bool:
         # No priorities: only a running request that cannot grow pushes out later arrivals.
