@@ -4,6 +4,7 @@ because two requests share an id proves nothing (see vLLM's priority-preemption 
 from __future__ import annotations
 
 import itertools
+import zlib
 
 from tierserve.priority import Priority
 from tierserve.request import Request
@@ -36,7 +37,9 @@ def make_request(
     rid = request_id or new_id()
     if tokens is None:
         # Distinct per request (no accidental prefix sharing); pass `tokens` to share on purpose.
-        base = hash(rid) % 50_000
+        # crc32, not hash(): str hashes are salted per process, and a test must not depend on
+        # which process runs it.
+        base = zlib.crc32(rid.encode()) % 50_000
         tokens = [(base + i * 7 + 3) % 50_000 for i in range(num_tokens)]
     return Request(
         request_id=rid,

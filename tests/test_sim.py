@@ -325,3 +325,19 @@ def test_driver_records_a_request_the_scheduler_ends_without_running_anything():
     result = drive(eng, wl, adm, idle_until)
     assert [r.outcome for r in result.records] == ["failed"]  # truncated at `length`
     assert result.records[0].finish is not None and result.records[0].output_tokens > 0
+
+
+def test_simulate_gamma_cv_flag_reaches_the_workload():
+    """Issue 14 item 11: --gamma-cv was parsed and then dropped."""
+    import statistics
+
+    from tierserve.cli import build_parser, workload_config
+
+    def gaps(cv: str) -> list[float]:
+        args = build_parser().parse_args(["simulate", "--arrival", "gamma", "--gamma-cv", cv])
+        wl = Workload(workload_config(args))
+        return [wl.gap() for _ in range(4000)]
+
+    for cv in ("0.5", "3"):
+        g = gaps(cv)
+        assert statistics.stdev(g) / statistics.mean(g) == pytest.approx(float(cv), rel=0.15)

@@ -130,3 +130,25 @@ def test_manual_clock_never_goes_back():
         c.advance(-1)
     with pytest.raises(ValueError):
         c.set(1.0)
+
+
+def test_test_prompts_do_not_depend_on_the_process_hash_seed():
+    """tests/helpers built prompts from hash(), which is salted per process (issue 14, item 11)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from tests.helpers import make_request; "
+        "print(make_request(8, request_id='fixed-id').prompt_token_ids)"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(outs) == 1

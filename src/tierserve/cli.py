@@ -43,6 +43,21 @@ def _bench_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def workload_config(args: argparse.Namespace):
+    """The simulate command's workload flags as a WorkloadConfig."""
+    from tierserve.sim.workload import WorkloadConfig
+
+    return WorkloadConfig(
+        arrival=args.arrival,
+        rate=args.rate,
+        gamma_cv=args.gamma_cv,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        shared_prefixes=args.shared_prefixes,
+        seed=args.seed,
+    )
+
+
 def _simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
     from pathlib import Path
@@ -56,7 +71,6 @@ def _simulate(args: argparse.Namespace) -> int:
         run_grid,
         seed_table_configs,
     )
-    from tierserve.sim.workload import WorkloadConfig
 
     if args.scenario == "seed-table":
         configs, title = seed_table_configs(), "Seed table: P0/P1 TTFT under mixed load"
@@ -64,14 +78,7 @@ def _simulate(args: argparse.Namespace) -> int:
         configs = seed_table_configs(MEMORY_PRESSURE_BASE)
         title = "Memory pressure: the seed grid with the KV cache capped at 12,000 blocks"
     else:
-        wl = WorkloadConfig(
-            arrival=args.arrival,
-            rate=args.rate,
-            duration_s=args.duration,
-            warmup_s=args.warmup,
-            shared_prefixes=args.shared_prefixes,
-            seed=args.seed,
-        )
+        wl = workload_config(args)
         base = replace(
             SEED_BASE if args.hardware is None else SimConfig(),
             **{
