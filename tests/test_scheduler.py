@@ -325,3 +325,38 @@ def test_a_step_whose_only_news_is_a_preemption_reaches_the_executor():
     eng.scheduler.schedule = lambda: only_news
     eng.step()
     assert bg.request_id not in eng.executor.states
+
+
+def test_a_request_that_outgrows_its_class_capacity_finishes_instead_of_blocking_the_queue():
+    """Found by the soak: a P0 request grew to P0's ceiling while a P3 request ran beside it. It
+    could not grow, no victim could help (the ceiling, not free space, was the limit), so it was
+    preempted and requeued needing more blocks than P0 may ever hold: at the head of the queue
+    forever, blocking everyone. It has all the memory its class can get: it ends with length."""
+    parts = PartitionConfig(p0_floor_min=1, p0_floor_max=1, p0_ceiling=9, p1_reserve=0)
+    eng, clock = engine(num_blocks=16, block_size=4, parts=parts)
+    p0 = make_request(30, P0, max_tokens=50)  # 8 of P0's 9 blocks at once
+    bg = make_request(8, P3, max_tokens=40)
+    eng.add_request(bg)
+    eng.add_request(p0)
+    drain(eng, clock)
+    assert p0.finish_reason.value == "length" and p0.num_computed_tokens == 36  # 9 blocks x 4
+    assert bg.finish_reason.value == "length" and bg.num_output_tokens == 40
+    assert eng.scheduler.kv.pool.num_free == 16
+
+
+def test_aging_never_promotes_a_request_into_a_class_that_cannot_hold_it():
+    """wfq promotes up to P0; a P1 prompt larger than P0's ceiling must stay in P1 (promoted, it
+    would wait at the head of P0 forever)."""
+    parts = PartitionConfig(p0_floor_min=1, p0_floor_max=1, p0_ceiling=4, p1_reserve=0)
+    eng, clock = engine(num_blocks=16, block_size=4, parts=parts, policy="wfq", seqs=1)
+    hog = make_request(8, P1, max_tokens=40)  # holds the only seat for a while
+    big = make_request(30, P1, max_tokens=2)  # 8 blocks: fits P1, not P0's 4
+    eng.add_request(hog)
+    step(eng, clock)
+    eng.add_request(big)
+    for _ in range(4000):
+        if not eng.has_unfinished():
+            break
+        step(eng, clock, dt=1.0)  # the hog runs ~40 s: past P1's 30 s aging threshold
+    assert big.status == S.FINISHED and big.priority == P1
+    assert hog.status == S.FINISHED

@@ -41,6 +41,8 @@ def check_scheduler(s: Scheduler, out: SchedulerOutput | None = None) -> None:
     for r in waiting_reqs:
         if r.status not in (S.WAITING, S.PREEMPTED) or kv.holds(r.request_id):
             _fail(f"waiting {r} has status {r.status} or holds blocks")
+        if not s.limits.fits(r):
+            _fail(f"waiting {r} can never fit its class's KV capacity: it would block the queue")
     if sum(s._waiting_count) != len(waiting):
         _fail("waiting counters do not match the queue")
     if out is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tierserve.priority import Priority
 from tierserve.request import Request
 
 
@@ -14,6 +15,13 @@ class RequestLimits:
     max_model_len: int
     block_size: int
     capacity: tuple[int, ...]  # the most KV blocks each class could ever hold, P0..P3
+
+    def fits(self, request: Request, priority: Priority | None = None) -> bool:
+        """Whether the class (default: the request's current one) can ever hold every token the
+        request knows. A request in a waiting queue must always fit, or it blocks the head of
+        its class forever."""
+        cls = request.priority if priority is None else priority
+        return -(-request.num_tokens // self.block_size) <= self.capacity[cls]
 
     def check(self, request: Request) -> None:
         """Raise ValueError, naming the numbers, if `request` can never be served."""

@@ -81,6 +81,7 @@ class Scheduler:
         # prompt tokens): admission control measures drain rates from these.
         self.served = [0] * NUM_PRIORITIES
         self.served_tokens = [0] * NUM_PRIORITIES
+        policy.can_hold = self.limits.fits
         # (victim's submitted class, "swap" | "recompute") since the last drain, for observers.
         self.preemption_events: list[tuple[Priority, str]] = []
         self._changed: list[Request] = []  # finished inside schedule(), reported with the step
@@ -205,10 +206,14 @@ class Scheduler:
                 if ids is not None:
                     plan.schedule(req, n, ids)
                     break
-                if self._make_room(req, self._shortfall(req, n, NO_HITS), plan):
+                grow = self.limits.fits(req) and req.num_computed_tokens + n <= (
+                    self.limits.capacity[req.priority] * self.kv.block_size
+                )
+                if grow and self._make_room(req, self._shortfall(req, n, NO_HITS), plan):
                     continue
-                if len(self.running) == 1:
-                    # Alone and still no room: it has all the KV memory it can ever get.
+                if not grow or len(self.running) == 1:
+                    # At its class's capacity, or alone and still no room: it has all the KV
+                    # memory it can ever get. (Requeued, it would block its class's head.)
                     plan.unschedule(req)
                     self.finish(req.request_id, S.FINISHED, "length")
                     self._changed.append(req)

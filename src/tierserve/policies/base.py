@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tierserve.config import PolicyConfig, PriorityConfig
@@ -68,6 +68,8 @@ class Policy(ABC):
     def __init__(self, config: PolicyConfig, priorities: PriorityConfig | None = None) -> None:
         self.config = config
         self.priorities = priorities or PriorityConfig()
+        # Whether a class can ever hold a request's KV; the scheduler binds its RequestLimits.
+        self.can_hold: Callable[[Request, Priority], bool] = lambda request, priority: True
 
     def rank(self, request: Request) -> tuple:
         """Order of running and swapped requests (who grows first, who comes back first)."""
@@ -306,6 +308,8 @@ class ClassedPolicy(Policy):
                 entered, _, rid = heapq.heappop(heap)
                 if self._where.get(rid) != c or self._entered.get(rid) != entered:
                     continue  # stale: served, removed or promoted already
+                if not self.can_hold(self._reqs[rid], Priority(c - 1)):
+                    continue  # the next class could never hold it: it stays (and ages no more)
                 self._promote(rid, c, entered + t)
 
     def _promote(self, rid: str, c: int, entered: float) -> None:
