@@ -62,11 +62,15 @@ def _simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
     from pathlib import Path
 
+    from tierserve.sim.fleet import FleetConfig
+    from tierserve.sim.fleet_report import fleet_targets, write_fleet_all
+    from tierserve.sim.profiles import profile_notes
     from tierserve.sim.report import targets, write_all
     from tierserve.sim.runner import SimConfig
     from tierserve.sim.scenarios import (
         MEMORY_PRESSURE_BASE,
         SEED_BASE,
+        fleet_configs,
         grid_configs,
         run_grid,
         seed_table_configs,
@@ -77,6 +81,9 @@ def _simulate(args: argparse.Namespace) -> int:
     elif args.scenario == "memory-pressure":
         configs = seed_table_configs(MEMORY_PRESSURE_BASE)
         title = "Memory pressure: the seed grid with the KV cache capped at 12,000 blocks"
+    elif args.scenario == "fleet":
+        configs = fleet_configs(routers=args.router) if args.router else fleet_configs()
+        title = "Fleet: routers compared on simulated replicas"
     else:
         wl = workload_config(args)
         base = replace(
@@ -97,11 +104,29 @@ def _simulate(args: argparse.Namespace) -> int:
         conc = args.concurrency if args.arrival == "closed" else [0]
         configs = grid_configs(base, args.policy or ["fcfs", "hybrid"], conc)
         title = "Simulation"
+        if args.replicas < 1:
+            print("tierserve simulate: --replicas must be at least 1", file=sys.stderr)
+            return 2
+        if args.replicas > 1 or args.router:
+            configs = [
+                FleetConfig(c, args.replicas, r)
+                for c in configs
+                for r in (args.router or ["priority-aware"])
+            ]
+            title = "Fleet simulation"
+    try:
+        for hw in sorted({getattr(c, "sim", c).hardware for c in configs}):
+            for note in profile_notes(hw):
+                print(note, file=sys.stderr)
+    except ValueError as exc:
+        print(f"tierserve simulate: {exc}", file=sys.stderr)
+        return 2
     results = run_grid(configs, args.workers)
     out = Path(args.out)
-    for f in write_all(results, out, title):
+    fleet = isinstance(configs[0], FleetConfig)
+    for f in (write_fleet_all if fleet else write_all)(results, out, title):
         print(f"wrote {f}")
-    for name, ok, detail in targets(results):
+    for name, ok, detail in (fleet_targets if fleet else targets)(results):
         print(f"{'PASS' if ok else 'MISS'}: {name} ({detail})")
     return 0
 
@@ -178,7 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sm = sub.add_parser("simulate", help="run the real scheduler on a simulated cluster")
     sm.add_argument(
-        "--scenario", choices=["seed-table", "memory-pressure", "custom"], default="custom"
+        "--scenario",
+        choices=["seed-table", "memory-pressure", "fleet", "custom"],
+        default="custom",
     )
     sm.add_argument("--out", default="out/sim", help="folder for results.json, report.md, PNGs")
     sm.add_argument("--policy", action="append", help="policy (repeatable; default fcfs, hybrid)")
@@ -196,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--shared-prefixes", action="store_true", help="per-class system prompts")
     sm.add_argument("--seed", type=int, default=0)
     sm.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
+    sm.add_argument("--replicas", type=int, default=1, help="simulated engine replicas")
+    sm.add_argument(
+        "--router",
+        action="append",
+        choices=["round-robin", "least-loaded", "prefix-only", "priority-aware"],
+        help="how arrivals pick a replica (repeatable; default priority-aware; fleet: all)",
+    )
     sm.set_defaults(func=_simulate)
 
     c = sub.add_parser("calibrate", help="fit a cpu-local cost profile on the real CPU engine")

@@ -18,7 +18,6 @@ from tierserve.config import (
     PriorityConfig,
 )
 from tierserve.engine.args import EngineArgs
-from tierserve.model.loader import DEFAULT_MODEL_NAME
 from tierserve.priority import parse_priority
 
 
@@ -194,6 +193,8 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
         priorities=PriorityConfig(**prio_kw),
         admission=AdmissionConfig(**adm_kw),
     )
+    from tierserve.model.loader import DEFAULT_MODEL_NAME  # imports torch: only when serving
+
     names = opts.get("served_model_name") or [
         Path(opts["model"]).stem if opts.get("model") else DEFAULT_MODEL_NAME
     ]

