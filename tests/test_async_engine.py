@@ -29,7 +29,8 @@ def gauges(url: str) -> dict[tuple[str, tuple], float]:
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+            labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine")}
+            out[(s.name, tuple(sorted(labels.items())))] = s.value
     return out
 
 

@@ -348,7 +348,7 @@ def test_fifty_streams_cancelled_midway_return_every_block(built):
         _wait_drained(state)
         assert kv.pool.num_free == kv.pool.num_blocks
         kv.check_invariants()
-        aborted = state.metrics.finished.labels("P1", "abort")._value.get()
+        aborted = state.metrics.f.finished.labels("P1", "abort")._value.get()
         assert aborted >= 50
 
 
@@ -360,9 +360,11 @@ def test_metrics_parse_and_carry_every_series(server):
     for expected in (
         "llm_scheduler_queue_depth",
         "llm_scheduler_wait_seconds",
-        "llm_kv_cache_hit_rate",
+        "llm_prefix_cache_queries",
+        "llm_prefix_cache_hits",
         "llm_preemption",
-        "llm_sla_attainment",
+        "llm_sla_met",
+        "llm_sla_requests",
         "llm_kv_swap_seconds",
         "llm_ttft_seconds",
         "llm_time_per_output_token_seconds",
@@ -377,8 +379,9 @@ def test_metrics_parse_and_carry_every_series(server):
         "llm_admission_rejections",
     ):
         assert expected in names, expected
-    assert 'llm_sla_attainment{priority="P1",tier="online"}' in text
-    assert 'llm_kv_blocks{partition="reserve",state="borrowed"}' in text
+    model = 'model_name="SmolLM2-135M-Instruct"'
+    assert f'llm_sla_met_total{{{model},priority="P1",tier="online"}}' in text
+    assert f'llm_kv_blocks{{{model},partition="reserve",state="borrowed"}}' in text
 
 
 def test_ready_and_health(server):

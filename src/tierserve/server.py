@@ -39,7 +39,7 @@ def build_state(
     built = built or build_engine(args)
     core = built.engine
     sched = core.scheduler
-    metrics = Metrics(args.priorities)
+    metrics = Metrics(args.priorities, settings.served_model_names[0])
     tenants = tenant_registry(settings)
     engine = AsyncEngine(core, built.tokenizer)
     # Admission runs on the event loop and reads the engine only through its snapshot.
@@ -49,9 +49,7 @@ def build_state(
             admission.set_tenant_bucket(t.name, t.bucket)
 
     def on_event(kind: str, req: Request) -> None:
-        if kind == "first_token":
-            metrics.on_first_token(req)
-        elif kind == "finished":
+        if kind == "finished":
             metrics.on_finished(req)
 
     def on_step(stats) -> None:
@@ -59,7 +57,7 @@ def build_state(
         for prio, reason in stats.preemptions:
             metrics.on_preempted(prio, reason)
 
-    engine.set_observers(on_event, on_step, metrics.on_snapshot)
+    engine.set_observers(on_event, on_step, metrics.on_snapshot, metrics.on_tokens)
     metrics.on_snapshot(engine.snapshot)  # gauges are right before the first request
     return ServerState(
         engine=engine,

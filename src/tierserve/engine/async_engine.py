@@ -68,6 +68,7 @@ class AsyncEngine:
         on_event: Callable[[str, Request], None] | None = None,
         on_step: Callable[[StepStats], None] | None = None,
         on_snapshot: Callable[[EngineSnapshot], None] | None = None,
+        on_tokens: Callable[[Request, int, float], None] | None = None,
     ) -> None:
         self.core = core
         self.tokenizer = tokenizer
@@ -77,7 +78,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tierserve-engine", daemon=True)
-        self.set_observers(on_event, on_step, on_snapshot)
+        self.set_observers(on_event, on_step, on_snapshot, on_tokens)
         self.heartbeat = time.monotonic()
         self.error: BaseException | None = None
         # Hand-over between submit() and a crashing engine thread: a request is either queued
@@ -101,11 +102,15 @@ class AsyncEngine:
         on_event: Callable[[str, Request], None] | None,
         on_step: Callable[[StepStats], None] | None,
         on_snapshot: Callable[[EngineSnapshot], None] | None = None,
+        on_tokens: Callable[[Request, int, float], None] | None = None,
     ) -> None:
-        """Install callbacks (before start); they run on the engine thread."""
+        """Install callbacks (before start); they run on the engine thread. `on_event` hears
+        "added" and "finished"; `on_tokens(request, n, now)` hears of new output tokens as
+        they are handed to the request's stream."""
         self._on_event = on_event or (lambda kind, req: None)
         self._on_step = on_step or (lambda stats: None)
         self._on_snapshot = on_snapshot or (lambda snap: None)
+        self._on_tokens = on_tokens or (lambda req, n, now: None)
 
     # -- queue view for admission control (event loop side, from the snapshot) ---------------
     def _pending(self, snap: EngineSnapshot) -> list[int]:
@@ -294,14 +299,15 @@ class AsyncEngine:
         self._on_event("added", req)
 
     def _dispatch(self, changed: list[Request]) -> None:
+        now = self.core.clock.now()
         for req in changed:
             stream = self._streams.get(req.request_id)
             if stream is None:
                 continue
             new = req.output_token_ids[stream.sent_tokens :]
             new_lp = req.output_logprobs[stream.sent_tokens :]
-            if new and stream.sent_tokens == 0:
-                self._on_event("first_token", req)
+            if new:
+                self._on_tokens(req, len(new), now)
             stream.sent_tokens = req.num_output_tokens
             text, stopped = self._proc.process(req, new, req.is_finished)
             if stopped and not req.is_finished:

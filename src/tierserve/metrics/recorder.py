@@ -1,0 +1,170 @@
+"""Metrics: turns engine events, step stats and snapshots into the families of families.py.
+
+Each server owns one (no process globals); every layer reports through it, none depends on it
+for logic. Request events and step stats arrive on the engine thread, rejections on the event
+loop; prometheus_client's metrics are thread-safe, and the little state kept here (the last
+token time of each running request, the last prefix-cache totals) is engine-thread only.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from tierserve.config import PriorityConfig
+from tierserve.engine.core import StepStats
+from tierserve.engine.snapshot import EngineSnapshot
+from tierserve.metrics.families import PARTITIONS, Families
+from tierserve.priority import ALL_PRIORITIES, NUM_PRIORITIES, Priority
+from tierserve.request import Request
+
+DEFAULT_MODEL_NAME = "tierserve"
+
+
+class Metrics:
+    def __init__(
+        self, priorities: PriorityConfig | None = None, model_name: str = DEFAULT_MODEL_NAME
+    ) -> None:
+        self.priorities = priorities or PriorityConfig()
+        self.model_name = model_name
+        f = self.f = Families(model_name)
+        self.registry = f.registry
+        self._last_token: dict[str, float] = {}  # engine thread only
+        self._prefix_seen = ([0] * NUM_PRIORITIES, [0] * NUM_PRIORITIES)
+        # Make every labelled series visible from the start, at zero.
+        for q in ALL_PRIORITIES:
+            for fam in (f.queue_depth, f.running, f.waiting, f.prefix_queries, f.prefix_hits):
+                fam.labels(q.label)
+            f.sla_met.labels(q.label, q.tier)
+            f.sla_total.labels(q.label, q.tier)
+        for part in PARTITIONS:
+            for state in ("used", "free"):
+                f.kv_blocks.labels(part, state)
+        f.kv_blocks.labels("reserve", "borrowed")
+        for fam in (f.v_running, f.v_waiting, f.v_kv_usage, f.v_prefix_queries, f.v_prefix_hits):
+            fam.labels()
+        for fam in (f.v_preemptions, f.v_prompt, f.v_generation):
+            fam.labels()
+
+    # -- the event loop -------------------------------------------------------------------
+    def on_rejected(self, kind: str, priority: Priority) -> None:
+        self.f.rejections.labels(kind, priority.label).inc()
+
+    # -- the engine thread: request events ----------------------------------------------------
+    def on_tokens(self, req: Request, n: int, now: float) -> None:
+        """`n` new output tokens of `req` reached its stream at `now`."""
+        f, label = self.f, req.base_priority.label
+        last = self._last_token.get(req.request_id)
+        if last is None:  # the first token
+            ttft = now - req.arrival_time
+            f.ttft.labels(label).observe(ttft)
+            f.v_ttft.labels().observe(ttft)
+            if req.first_scheduled_time is not None:
+                queued = req.first_scheduled_time - req.arrival_time
+                f.wait.labels(label).observe(queued)
+                f.v_queue.labels().observe(queued)
+                f.prefill_time.labels(label).observe(now - req.first_scheduled_time)
+                f.v_prefill.labels().observe(now - req.first_scheduled_time)
+            f.tokens_in.labels(label).inc(req.num_prompt_tokens)
+            f.v_prompt.labels().inc(req.num_prompt_tokens)
+            n -= 1
+        elif n > 0:
+            gap = (now - last) / n
+            for _ in range(n):
+                f.itl.labels(label).observe(gap)
+                f.v_itl.labels().observe(gap)
+        self._last_token[req.request_id] = now
+
+    def on_finished(self, req: Request) -> None:
+        f, label = self.f, req.base_priority.label
+        self._last_token.pop(req.request_id, None)
+        reason = req.finish_reason.value if req.finish_reason else "unknown"
+        out = req.num_output_tokens
+        f.finished.labels(label, reason).inc()
+        f.tokens_out.labels(label).inc(out)
+        f.v_generation.labels().inc(out)
+        f.tenant_in.labels(req.tenant).inc(req.num_prompt_tokens)
+        f.tenant_out.labels(req.tenant).inc(out)
+        if reason in ("stop", "length", "abort"):
+            f.v_success.labels(reason).inc()
+        f.prompt_hist.labels(label).observe(req.num_prompt_tokens)
+        f.generation_hist.labels(label).observe(out)
+        f.v_prompt_hist.labels().observe(req.num_prompt_tokens)
+        f.v_generation_hist.labels().observe(out)
+        end, first, sched = req.finished_time, req.first_token_time, req.first_scheduled_time
+        if end is not None:
+            f.e2e.labels(label).observe(end - req.arrival_time)
+            f.v_e2e.labels().observe(end - req.arrival_time)
+            if first is not None:
+                f.decode_time.labels(label).observe(end - first)
+                f.v_decode.labels().observe(end - first)
+            if sched is not None:
+                f.inference_time.labels(label).observe(end - sched)
+                f.v_inference.labels().observe(end - sched)
+            if first is not None and out > 1:
+                per = (end - first) / (out - 1)
+                f.tpot.labels(label).observe(per)
+                f.v_tpot.labels().observe(per)
+        self._sla(req)
+
+    def _sla(self, req: Request) -> None:
+        p = req.base_priority
+        sla = self.priorities.sla(p)
+        if sla is None or req.finish_reason is None:
+            return
+        self.f.sla_total.labels(p.label, p.tier).inc()
+        if req.first_token_time is not None and req.first_token_time - req.arrival_time <= sla:
+            self.f.sla_met.labels(p.label, p.tier).inc()
+
+    def on_preempted(self, victim_priority: Priority, reason: str, n: int = 1) -> None:
+        self.f.preemptions.labels(victim_priority.label, reason).inc(n)
+        self.f.v_preemptions.labels().inc(n)
+
+    # -- the engine thread: steps and snapshots -------------------------------------------
+    def on_step(self, stats: StepStats, swap_seconds: tuple[float, float]) -> None:
+        """After each step that ran something."""
+        f = self.f
+        f.schedule_time.labels().observe(stats.schedule_s)
+        f.iteration_tokens.labels().observe(stats.num_tokens)
+        f.v_iteration.labels().observe(stats.num_tokens)
+        if stats.swapped_in_blocks:
+            f.swap.labels("in").observe(swap_seconds[0])
+        if stats.swapped_out_blocks:
+            f.swap.labels("out").observe(swap_seconds[1])
+
+    def on_snapshot(self, snap: EngineSnapshot) -> None:
+        """Gauges (and prefix-cache counters) from the engine's published snapshot: after every
+        step, batch of commands and idle tick, so they follow aborts even when no step runs."""
+        f, kv = self.f, snap.kv
+        for q in ALL_PRIORITIES:
+            f.running.labels(q.label).set(snap.running[q])
+            f.waiting.labels(q.label).set(snap.waiting[q])
+            f.queue_depth.labels(q.label).set(snap.waiting[q])
+        f.v_running.labels().set(snap.num_running)
+        f.v_waiting.labels().set(sum(snap.waiting))
+        f.swapped.labels().set(snap.swapped)
+        self._prefix_counters(kv.prefix_queries, kv.prefix_hits)
+        part = kv.partitions
+        f.kv_blocks.labels("floor", "used").set(part.floor_used)
+        f.kv_blocks.labels("floor", "free").set(part.floor - part.floor_used)
+        f.kv_blocks.labels("reserve", "used").set(part.reserve_used)
+        f.kv_blocks.labels("reserve", "free").set(part.reserve - part.reserve_used)
+        f.kv_blocks.labels("reserve", "borrowed").set(part.borrowed)
+        f.kv_blocks.labels("shared", "used").set(part.shared_used)
+        f.kv_blocks.labels("shared", "free").set(part.shared - part.shared_used)
+        f.kv_usage.labels().set(kv.usage)
+        f.v_kv_usage.labels().set(kv.usage)
+
+    def _prefix_counters(self, queries: tuple[int, ...], hits: tuple[int, ...]) -> None:
+        seen_q, seen_h = self._prefix_seen
+        for q in ALL_PRIORITIES:
+            dq, dh = queries[q] - seen_q[q], hits[q] - seen_h[q]
+            if dq:
+                self.f.prefix_queries.labels(q.label).inc(dq)
+                self.f.v_prefix_queries.labels().inc(dq)
+            if dh:
+                self.f.prefix_hits.labels(q.label).inc(dh)
+                self.f.v_prefix_hits.labels().inc(dh)
+            seen_q[q], seen_h[q] = queries[q], hits[q]
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
