@@ -62,9 +62,12 @@ def _table(series, loads, name: str, cell) -> list[str]:
     return lines
 
 
-def compare_markdown(series: list[tuple[str, dict]], plot: Path | None) -> str:
+def compare_markdown(all_series: list[tuple[str, dict]], plot: Path | None) -> str:
+    """Load tables for the series with load runs; a flood section for each flood run."""
+    series = [(lbl, s) for lbl, s in all_series if any(not r.get("phase") for r in s["runs"])]
     loads = _loads(series)
-    lines = ["# tierserve bench serve: comparison", "", "Runs: " + ", ".join(s for s, _ in series)]
+    lines = ["# tierserve bench serve: comparison", ""]
+    lines.append("Runs: " + ", ".join(lbl for lbl, _ in all_series))
     for cls in CLASSES:
         lines += ["", f"## {cls} P95 time to first token (s)", ""]
         lines += _table(series, loads, "load", lambda r, c=cls: fmt(r["classes"][c]["ttft_p95_s"]))
@@ -81,13 +84,17 @@ def compare_markdown(series: list[tuple[str, dict]], plot: Path | None) -> str:
         rel = f" ({100 * v / b:.1f}%)" if v is not None and b else ""
         return fmt(v, "", 1) + rel
 
-    lines += ["", f"## Total (prompt + output) tokens/s, % of {series[0][0]}", ""]
+    lines += [
+        "",
+        f"## Total (prompt + output) tokens/s, % of {series[0][0] if series else '-'}",
+        "",
+    ]
     lines += _table(series, loads, "load", total)
     lines += ["", "## Output tokens/s", ""]
     lines += _table(series, loads, "load", lambda r: fmt(r.get("throughput_tokens_per_s"), "", 1))
     lines += ["", "## Goodput (requests/s meeting all their SLOs)", ""]
     lines += _table(series, loads, "load", lambda r: fmt(r.get("goodput_requests_per_s"), "", 2))
-    floods = [(lbl, s["flood"]) for lbl, s in series if s.get("flood")]
+    floods = [(lbl, s["flood"]) for lbl, s in all_series if s.get("flood")]
     for lbl, f in floods:
         lines += ["", f"## Flood scenario: {lbl}", "", *flood_lines(f)]
     if plot:

@@ -64,6 +64,7 @@ def ttft_p95_vs_load(series: dict[str, list[dict]], path: Path) -> Path | None:
                 [load_of(r) for r in runs],
                 [float("nan") if y is None else y for y in ys],
                 marker="o",
+                linestyle="--" if name.startswith("sim ") else "-",  # predictions dashed
                 label=name,
             )
         ax.set_title(f"{cls} TTFT P95")
