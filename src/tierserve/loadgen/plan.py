@@ -116,15 +116,14 @@ def _measure_text(lim: Limits) -> str:
     return f"{lim.num_requests} measured requests per level after {lim.warmup_requests} warm-up"
 
 
-def build_plan(args: argparse.Namespace, tokenizer_loader) -> Plan:
-    """`tokenizer_loader(path)` gives the PromptMaker (injected: tests pass a small one)."""
+def _endpoint(args) -> Endpoint:
     if not args.base_url:
         raise ValueError("--base-url is required (or --compare DIR ...)")
     if not args.base_url.startswith(("http://", "https://")):
         raise ValueError(f"--base-url must start with http:// or https://, got {args.base_url!r}")
     if args.temperature < 0:
         raise ValueError(f"--temperature must not be negative, got {args.temperature}")
-    ep = Endpoint(
+    return Endpoint(
         base_url=args.base_url.rstrip("/"),
         api=args.api,
         model=args.model,
@@ -134,58 +133,71 @@ def build_plan(args: argparse.Namespace, tokenizer_loader) -> Plan:
         temperature=args.temperature,
         timeout_s=args.request_timeout,
     )
-    limits = _limits(args)
-    flood = None
-    if args.scenario == "flood":
-        flood = FloodOptions(
-            streams=args.flood_streams,
-            probe_interval_s=args.probe_interval,
-            idle_probes=args.idle_probes,
-            settle_s=args.flood_settle,
-            duration_s=limits.duration_s or 60.0,
-        )
-    classes = class_specs(args.lengths, args.length_scale, args.prompt_len, args.output_len)
-    mix = tuple(m / 100 for m in args.mix)
-    workload = WorkloadConfig(mix=mix, classes=classes, seed=args.seed)
-    conversations = _dataset(args)
-    prompts = tokenizer_loader(args.tokenizer)
-    ttft_sla, tpot_slo = tuple(args.ttft_sla), _four(args.tpot_slo, "--tpot-slo")
-    config = {
+
+
+def _flood(args, limits: Limits) -> FloodOptions | None:
+    if args.scenario != "flood":
+        return None
+    return FloodOptions(
+        streams=args.flood_streams,
+        probe_interval_s=args.probe_interval,
+        idle_probes=args.idle_probes,
+        settle_s=args.flood_settle,
+        duration_s=limits.duration_s or 60.0,
+    )
+
+
+def _config(args, plan: Plan) -> dict:
+    """What results.json records about the run (everything needed to repeat it)."""
+    ep, limits = plan.endpoint, plan.limits
+    lengths = args.lengths + (f" x{args.length_scale:g}" if args.length_scale != 1 else "")
+    lengths += (f", prompt {args.prompt_len}" if args.prompt_len else "") + (
+        f", output {args.output_len}" if args.output_len else ""
+    )
+    return {
         "label": args.label or args.out.rstrip("/").split("/")[-1],
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         **{k: v for k, v in asdict(ep).items() if k != "api_keys"},
         "api_key_classes": sorted("all" if k is None else f"P{k}" for k in ep.api_keys),
         "scenario": args.scenario,
         "seed": args.seed,
-        "mix": list(mix),
-        "lengths": args.lengths
-        + (f" x{args.length_scale:g}" if args.length_scale != 1 else "")
-        + (f", prompt {args.prompt_len}" if args.prompt_len else "")
-        + (f", output {args.output_len}" if args.output_len else ""),
+        "mix": list(plan.workload.mix),
+        "lengths": lengths,
         "classes": {
             Priority(p).label: {"prompt": asdict(c.prompt), "output": asdict(c.output)}
-            for p, c in classes.items()
+            for p, c in plan.workload.classes.items()
         },
         "dataset": args.dataset,
         "arrival": "closed" if not args.request_rate else args.arrival,
         "gamma_cv": args.gamma_cv,
-        **{k: v for k, v in asdict(limits).items()},
+        **asdict(limits),
         "measure": _measure_text(limits),
-        "ttft_sla_s": list(ttft_sla),
-        "tpot_slo_s": list(tpot_slo),
-        "flood": asdict(flood) if flood else None,
+        "ttft_sla_s": list(plan.ttft_sla),
+        "tpot_slo_s": list(plan.tpot_slo),
+        "flood": asdict(plan.flood) if plan.flood else None,
     }
-    return Plan(
-        ep,
-        _levels(args),
-        limits,
-        workload,
-        prompts,
-        conversations,
-        ttft_sla,
-        tpot_slo,
-        flood,
-        args.arrival,
-        args.gamma_cv,
-        config,
+
+
+def build_plan(args: argparse.Namespace, tokenizer_loader) -> Plan:
+    """`tokenizer_loader(path)` gives the PromptMaker (injected, so tests can pass a small one);
+    it is called last, after every cheap check."""
+    ep, levels, limits = _endpoint(args), _levels(args), _limits(args)
+    classes = class_specs(args.lengths, args.length_scale, args.prompt_len, args.output_len)
+    workload = WorkloadConfig(mix=tuple(m / 100 for m in args.mix), classes=classes, seed=args.seed)
+    plan = Plan(
+        endpoint=ep,
+        levels=levels,
+        limits=limits,
+        workload=workload,
+        prompts=None,
+        conversations=_dataset(args),
+        ttft_sla=tuple(args.ttft_sla),
+        tpot_slo=_four(args.tpot_slo, "--tpot-slo"),
+        flood=_flood(args, limits),
+        arrival=args.arrival,
+        gamma_cv=args.gamma_cv,
+        config={},
     )
+    plan.config = _config(args, plan)
+    plan.prompts = tokenizer_loader(args.tokenizer)
+    return plan

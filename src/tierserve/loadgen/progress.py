@@ -29,9 +29,8 @@ class Progress:
             return
         c = Counter(r.outcome for r in records)
         self._bar.n = min(done, self._bar.total)
-        self._bar.set_postfix(
-            ok=c["completed"], refused=c["rejected"], failed=c["failed"], busy=c["unfinished"]
-        )
+        counts = {"ok": c["completed"], "refused": c["rejected"], "failed": c["failed"]}
+        self._bar.set_postfix(ordered_dict={**counts, "busy": c["unfinished"]})
 
     def close(self) -> None:
         if self._bar is not None:
