@@ -250,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--policy", action="append", help="policy to run (repeatable; default all)")
     b.add_argument("--steps", type=int, default=200)
     b.set_defaults(func=_bench_sched)
+
+    from tierserve.loadgen.cli import add_bench_parser
+
+    add_bench_parser(sub)
     return p
 
 

@@ -1,0 +1,1 @@
+"""`tierserve bench serve`: a priority-aware load generator for any OpenAI-compatible server."""

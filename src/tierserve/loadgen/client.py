@@ -1,0 +1,198 @@
+"""One streamed request to an OpenAI-compatible server, recorded as it happens.
+
+Times come from an injected clock (seconds since the run's origin). A record is filled in place,
+so a request cancelled midway (Ctrl-C, drain timeout) keeps what it had received. Every way a
+request can go wrong ends in the record (`outcome`, `status`, `error`), never in an exception.
+
+Outcomes: `completed` (the stream ended with `data: [DONE]`), `rejected` (HTTP 429 or 503: the
+server refused the load; `Retry-After` kept), `failed` (any other status, a connection error, an
+error event, a malformed or truncated stream), `unfinished` (cancelled before it ended).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from tierserve.loadgen.workload import RequestSpec
+
+REFUSAL_STATUSES = (429, 503)
+
+
+@dataclass
+class RequestRecord:
+    index: int
+    priority: int
+    arrival: float  # when the request was sent
+    prompt_tokens: int
+    max_tokens: int
+    measured: bool = True  # False: warm-up, or outside the measurement window
+    outcome: str = "unfinished"  # completed | rejected | failed | unfinished
+    status: int | None = None
+    retry_after: float | None = None
+    error: str | None = None
+    chunk_times: list[float] = field(default_factory=list)  # arrivals of chunks carrying text
+    output_tokens: int = 0  # usage.completion_tokens, else the number of text chunks
+    usage_reported: bool = False
+    finish: float | None = None  # end of the stream (or of the failure)
+
+    @property
+    def first_token(self) -> float | None:
+        return self.chunk_times[0] if self.chunk_times else None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str
+    api: str = "chat"  # chat | completions
+    model: str | None = None
+    priority_via: str = "header"  # header | body | none
+    api_keys: dict = field(default_factory=dict)  # class (int) or None (every class) -> key
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    timeout_s: float | None = None  # a request's whole time (None: no limit)
+
+    @property
+    def url(self) -> str:
+        path = "chat/completions" if self.api == "chat" else "completions"
+        return f"{self.base_url.rstrip('/')}/v1/{path}"
+
+
+def build_request(ep: Endpoint, spec: RequestSpec) -> tuple[dict, dict]:
+    """(headers, JSON body) for `spec`."""
+    body: dict = {
+        "max_tokens": spec.max_tokens,
+        "temperature": ep.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if ep.model:
+        body["model"] = ep.model
+    if ep.api == "chat":
+        body["messages"] = list(spec.messages or ({"role": "user", "content": spec.prompt},))
+    else:
+        body["prompt"] = spec.prompt
+    if ep.ignore_eos:
+        body["ignore_eos"] = True
+    headers = {}
+    if ep.priority_via == "header":
+        headers["x-request-tier"] = f"p{int(spec.priority)}"
+    elif ep.priority_via == "body":
+        body["priority"] = int(spec.priority)
+    key = ep.api_keys.get(int(spec.priority), ep.api_keys.get(None))
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    return headers, body
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (the HTTP-date form is not used by LLM servers)."""
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _error_text(raw: bytes) -> str:
+    try:
+        err = json.loads(raw)
+        msg = err.get("error", err) if isinstance(err, dict) else err
+        msg = msg.get("message", msg) if isinstance(msg, dict) else msg
+        text = str(msg)
+    except (ValueError, UnicodeDecodeError):
+        text = raw.decode("utf-8", "replace")
+    return " ".join(text.split())[:200]
+
+
+class StreamError(Exception):
+    """The stream broke the server-sent events contract."""
+
+
+def _chunk_text(obj: dict, api: str) -> str:
+    choices = obj.get("choices") or []
+    if not isinstance(choices, list):
+        raise StreamError(f"malformed stream: 'choices' is not a list: {choices!r:.80}")
+    out = ""
+    for c in choices:
+        if not isinstance(c, dict):
+            raise StreamError(f"malformed stream: a choice is not an object: {c!r:.80}")
+        if api == "chat":
+            out += (c.get("delta") or {}).get("content") or ""
+        else:
+            out += c.get("text") or ""
+    return out
+
+
+def _on_line(line: str, now: float, rec: RequestRecord, api: str) -> bool:
+    """Handle one SSE line; True at `data: [DONE]`."""
+    if not line or line.startswith((":", "event:", "id:", "retry:")):
+        return False
+    if not line.startswith("data:"):
+        raise StreamError(f"malformed stream: expected 'data:' lines, got {line[:80]!r}")
+    data = line[5:].strip()
+    if data == "[DONE]":
+        return True
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        raise StreamError(f"malformed stream: not JSON: {data[:80]!r}") from None
+    if not isinstance(obj, dict):
+        raise StreamError(f"malformed stream: not an object: {data[:80]!r}")
+    if obj.get("error"):
+        raise StreamError(f"error event in the stream: {_error_text(json.dumps(obj).encode())}")
+    usage = obj.get("usage")
+    if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+        rec.output_tokens = int(usage["completion_tokens"])
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
+        rec.usage_reported = True
+    if _chunk_text(obj, api):
+        rec.chunk_times.append(now)
+    return False
+
+
+async def send(
+    http: httpx.AsyncClient,
+    ep: Endpoint,
+    spec: RequestSpec,
+    rec: RequestRecord,
+    clock: Callable[[], float],
+) -> None:
+    """Send `spec`, filling `rec` (whose `arrival` the caller has set) as chunks arrive."""
+    headers, body = build_request(ep, spec)
+    try:
+        async with asyncio.timeout(ep.timeout_s):
+            await _stream(http, ep, body, headers, rec, clock)
+    except TimeoutError:
+        rec.outcome, rec.error = "failed", f"timed out after {ep.timeout_s:g} s"
+    except StreamError as exc:
+        rec.outcome, rec.error = "failed", str(exc)
+    except httpx.ConnectError as exc:
+        rec.outcome, rec.error = "failed", f"cannot connect to {ep.url}: {exc}"
+    except httpx.TimeoutException as exc:
+        rec.outcome, rec.error = "failed", f"timed out: {type(exc).__name__}"
+    except httpx.HTTPError as exc:  # broken connection, incomplete chunked body, ...
+        rec.outcome, rec.error = "failed", f"stream broken: {type(exc).__name__}: {exc}"
+    finally:
+        rec.finish = clock()
+        if not rec.usage_reported:
+            rec.output_tokens = len(rec.chunk_times)
+
+
+async def _stream(http, ep: Endpoint, body: dict, headers: dict, rec: RequestRecord, clock):
+    async with http.stream("POST", ep.url, json=body, headers=headers) as resp:
+        rec.status = resp.status_code
+        if resp.status_code != 200:
+            raw = await resp.aread()
+            rec.retry_after = parse_retry_after(resp.headers.get("retry-after"))
+            rec.outcome = "rejected" if resp.status_code in REFUSAL_STATUSES else "failed"
+            rec.error = f"HTTP {resp.status_code}: {_error_text(raw)}"
+            return
+        async for line in resp.aiter_lines():
+            if _on_line(line.strip(), clock(), rec, ep.api):
+                rec.outcome = "completed"
+                return
+    raise StreamError("truncated stream: it ended before 'data: [DONE]'")
