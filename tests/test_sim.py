@@ -341,3 +341,23 @@ def test_simulate_gamma_cv_flag_reaches_the_workload():
     for cv in ("0.5", "3"):
         g = gaps(cv)
         assert statistics.stdev(g) / statistics.mean(g) == pytest.approx(float(cv), rel=0.15)
+
+
+def test_plots_are_written_when_no_class_got_a_first_token(tmp_path):
+    """A run too short for any first token used to raise 'Data cannot be log-scaled'."""
+    from tierserve.sim.report import write_plots
+
+    cls = {"ttft_p95_s": None, "sla_s": None}
+    series = [{"t": 0.0, "floor": 0, "reserve": 0, "shared": 0, "borrowed": 0}]
+    results = [
+        {
+            "policy": "fcfs",
+            "concurrency": c,
+            "classes": {f"P{i}": dict(cls) for i in range(4)},
+            "kv_usage_series": series,
+            "kv_blocks": 10,
+        }
+        for c in (8, 16)
+    ]
+    paths = write_plots(results, tmp_path)
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)

@@ -160,6 +160,12 @@ def write_plots(results: list[dict], out: Path) -> list[Path]:
     policies = sorted({k[0] for k in by})
     conc = sorted({r["concurrency"] for r in results})
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.2), sharey=True)
+    # A log axis needs one positive value somewhere (very short runs may have no first token).
+    measured = any(
+        (r["classes"][cls]["ttft_p95_s"] or 0) > 0 or (r["classes"][cls]["sla_s"] or 0) > 0
+        for r in results
+        for cls in CLASSES
+    )
     for ax, cls in zip(axes, CLASSES, strict=True):
         for p in policies:
             ys = [by[(p, c)]["classes"][cls]["ttft_p95_s"] if (p, c) in by else None for c in conc]
@@ -168,7 +174,8 @@ def write_plots(results: list[dict], out: Path) -> list[Path]:
         if sla:
             ax.axhline(sla, color="grey", linestyle="--", linewidth=1, label=f"SLA {sla:g} s")
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        if measured:
+            ax.set_yscale("log")
         ax.set_title(f"{cls} TTFT P95")
         ax.set_xlabel("concurrent clients")
         ax.grid(True, which="both", alpha=0.3)
