@@ -1,21 +1,46 @@
 """OpenAI-compatible request bodies (pydantic), plus tierserve's extensions: `priority`
-(vLLM-compatible integer, lower = more urgent) and `sla_latency_ms`."""
+(vLLM-compatible integer, lower = more urgent) and `sla_latency_ms`.
+
+Validation is strict: a boolean is `true` or `false` (not "yes", not 1), a number is a JSON
+number (not a string), NaN and infinities are refused. Unknown fields are accepted and ignored,
+as OpenAI clients send many. Every limit checked here appears in the OpenAPI schema."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 MAX_N = 8
+SEED_MAX = 2**63 - 1
+_STRICT = ConfigDict(strict=True, allow_inf_nan=False)
+_Text = Annotated[str, Field(min_length=1)]
+
+# The prompt's three forms, with the limits the validator below enforces.
+PROMPT_SCHEMA = {
+    "title": "Prompt",
+    "description": "text, a list of one text, or token ids (each below the vocabulary size)",
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+        {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "minItems": 1,
+            "maxItems": 1,
+        },
+    ],
+}
 
 
 class StreamOptions(BaseModel):
+    model_config = _STRICT
+
     include_usage: bool = False
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", **_STRICT)
 
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -24,13 +49,13 @@ class _Common(BaseModel):
     top_k: Annotated[int, Field(ge=0)] = 0
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: Annotated[int, Field(ge=-SEED_MAX, le=SEED_MAX)] | None = None
+    stop: _Text | list[_Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     # tierserve extensions
-    priority: int | None = None
+    priority: Annotated[int, Field(ge=0, le=3)] | None = None
     sla_latency_ms: Annotated[float, Field(gt=0)] | None = None
 
     @field_validator("stop")
@@ -54,15 +79,22 @@ class _Common(BaseModel):
         return v
 
 
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow", **_STRICT)
+
+    type: str
+    text: str | None = None
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", **_STRICT)
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict] | None = None
+    content: str | list[ContentPart] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):  # content parts: keep the text ones
-            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+            return "".join(p.text or "" for p in self.content if p.type == "text")
         return self.content or ""
 
 
@@ -74,7 +106,7 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str]
+    prompt: Annotated[str | list[int] | list[str], WithJsonSchema(PROMPT_SCHEMA)]
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool = False
 
@@ -84,7 +116,9 @@ class CompletionRequest(_Common):
         if isinstance(v, list) and v and isinstance(v[0], str):
             if len(v) != 1:
                 raise ValueError("one prompt per request is supported; send a list of one")
-            return v[0]
-        if (isinstance(v, (list, str))) and len(v) == 0:
+            v = v[0]
+        if len(v) == 0:
             raise ValueError("prompt must not be empty")
+        if isinstance(v, list) and any(t < 0 for t in v):
+            raise ValueError("prompt token ids must not be negative")
         return v

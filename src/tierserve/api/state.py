@@ -35,6 +35,8 @@ class ServerState:
     eos_token_ids: tuple[int, ...]
     draining: bool = False
     started: float = field(default_factory=time.time)
+    # Engine ids of requests whose handlers are still answering them (the drain fails these).
+    active: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -94,7 +96,7 @@ def prepare(
     prefix: str,
 ) -> Prepared | JSONResponse:
     """Validate and admit a request; return its engine Requests, or a refusal response."""
-    if state.draining:
+    if state.draining:  # 503 with Retry-After: another replica, or this one after a restart
         raise APIError(503, "the server is shutting down", "resource_exhausted")
     if body.model is not None and body.model not in state.settings.served_model_names:
         raise APIError(
@@ -158,4 +160,5 @@ def prepare(
     # Submitted in the same event-loop turn as the admission decision, so the next decision
     # already counts these requests.
     streams = [state.engine.submit(r) for r in reqs]
+    state.active.update(r.request_id for r in reqs)
     return Prepared(res, reqs, headers, rid, streams)
