@@ -41,6 +41,8 @@ def test_flags_reach_every_layer():
         "100",
         "--burst",
         "500",
+        "--p0-rate-reserve",
+        "0.25",
         "--no-prefix-caching",
         "--port",
         "9000",
@@ -56,6 +58,7 @@ def test_flags_reach_every_layer():
     assert args.priorities.ttft_sla_s == (0.3, 4.0, 30.0, None)
     assert args.admission.max_queued_requests == (1, 2, 3, 4)
     assert args.admission.global_bucket.rate == 100 and args.admission.global_bucket.burst == 500
+    assert args.admission.p0_rate_reserve == 0.25
     assert not args.enable_prefix_caching and args.p0_express == "decode"
     assert settings.port == 9000
 

@@ -327,6 +327,35 @@ def test_rate_limited_tenant_gets_429_with_retry_after(built):
         assert int(r.headers["retry-after"]) >= 1
 
 
+def test_global_rate_limit_keeps_a_reserve_for_p0_under_a_background_flood(built):
+    """--rate-limit 300 --burst 600 (reserve 20%): a burst of 30 background requests of 101
+    tokens each takes at most 480 tokens; the realtime requests behind it still pass."""
+    from tierserve.config import BucketConfig
+
+    with running_server(built, global_bucket=BucketConfig(rate=300, burst=600)) as (url, _):
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=120) as ac:
+
+                def post(tier):
+                    body = {"prompt": list(range(1000, 1100)), "max_tokens": 1}
+                    if tier == "realtime":
+                        body["prompt"] = body["prompt"][:49]
+                    h = {"x-request-tier": tier}
+                    return ac.post(f"{url}/v1/completions", json=body, headers=h)
+
+                flood = await asyncio.gather(*(post("background") for _ in range(30)))
+                rt = await asyncio.gather(*(post("realtime") for _ in range(2)))
+                return flood, rt
+
+        flood, rt = asyncio.run(scenario())
+    codes = [r.status_code for r in flood]
+    assert set(codes) == {200, 429} and codes.count(429) >= 20  # ~480 tokens + refill
+    refused = next(r for r in flood if r.status_code == 429)
+    assert "kept for realtime" in refused.json()["error"]["message"]
+    assert [r.status_code for r in rt] == [200, 200]
+
+
 def test_fifty_streams_cancelled_midway_return_every_block(built):
     with running_server(built) as (url, state):
         kv = state.engine.core.scheduler.kv

@@ -75,6 +75,12 @@ OPTIONS = [
     ("--max-queued-tokens", int, 4, "queued-token limit per class P0..P3"),
     ("--rate-limit", float, None, "global token bucket rate (prompt+max_tokens per second)"),
     ("--burst", float, None, "global token bucket burst"),
+    (
+        "--p0-rate-reserve",
+        float,
+        None,
+        "share of the global burst only P0 may draw; 0 = none (0.2)",
+    ),
     ("--tenant-rate-limit", float, None, "default per-tenant bucket rate"),
     ("--tenant-burst", float, None, "default per-tenant bucket burst"),
     ("--default-max-tokens", int, None, "max_tokens when a request gives none (512)"),
@@ -201,6 +207,8 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
     for key in ("max_queued_requests", "max_queued_tokens"):
         if key in opts:
             adm_kw[key] = tuple(opts[key])
+    if "p0_rate_reserve" in opts:
+        adm_kw["p0_rate_reserve"] = opts["p0_rate_reserve"]
     adm_kw["reject_on_sla_miss"] = bool(opts.get("reject_on_sla_miss", False))
     adm_kw["shed_for_p0"] = not opts.get("no_shed", False)
     prio_kw = {"ttft_sla_s": tuple(opts["ttft_sla"])} if "ttft_sla" in opts else {}
