@@ -145,7 +145,9 @@ def test_chunked_body_over_the_limit_is_413(server):
         ("/v1/chat/completions", {"stream_options": {"include_usage": 1}}, "include_usage"),
         ("/v1/completions", {"echo": "yes"}, "echo"),
         ("/v1/completions", {"temperature": "0.5"}, "temperature"),
-        ("/v1/completions", {"max_tokens": 2.0}, "max_tokens"),
+        ("/v1/completions", {"max_tokens": 2.5}, "max_tokens"),
+        ("/v1/completions", {"max_tokens": "2"}, "max_tokens"),
+        ("/v1/completions", {"n": True}, "n"),
     ],
 )
 def test_booleans_and_numbers_are_strict(server, path, extra, field):
@@ -170,7 +172,9 @@ def test_openapi_documents_what_the_server_answers(server):
         assert str(state.settings.max_request_bytes) in responses["413"]["description"]
     assert "Retry-After" in schema["paths"]["/ready"]["get"]["responses"]["503"]["headers"]
     props = schema["components"]["schemas"]["CompletionRequest"]["properties"]
-    assert props["n"]["maximum"] == 8
+    assert (props["n"]["minimum"], props["n"]["maximum"]) == (1, 8)
+    assert props["max_tokens"]["anyOf"][0]["minimum"] == 1
+    assert '"ge"' not in json.dumps(schema)  # every bound is a JSON Schema keyword
     assert props["max_tokens"]["anyOf"][0]["maximum"] == state.max_model_len - 1
     assert props["prompt"]["anyOf"][0]["minLength"] == 1
     assert props["logprobs"]["anyOf"][0]["maximum"] == 5

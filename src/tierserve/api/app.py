@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from tierserve.api.errors import APIError, error_response, retry_after_header
 from tierserve.api.middleware import BodySizeLimit, InternalErrors
 from tierserve.api.openai_routes import router
-from tierserve.api.openapi import READY_RESPONSES, install_openapi
+from tierserve.api.openapi import METRICS_RESPONSES, READY_RESPONSES, install_openapi
 from tierserve.api.state import ServerState
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
@@ -101,7 +101,7 @@ def create_app(state: ServerState) -> FastAPI:
             headers={"Retry-After": retry_after_header(None)},
         )
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses=METRICS_RESPONSES)
     async def metrics():
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

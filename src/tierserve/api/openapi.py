@@ -46,6 +46,19 @@ _RETRY_AFTER = {
 }
 
 
+# One server-sent event of a streamed completion.
+_SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "data": {
+            "type": "string",
+            "description": 'a completion chunk (JSON), an `{"error": ...}` object, or `[DONE]`',
+        }
+    },
+}
+
+
 def _err(description: str, model=ErrorResponse, retry: bool = False) -> dict:
     out: dict[str, Any] = {"model": model, "description": description}
     if retry:
@@ -55,6 +68,11 @@ def _err(description: str, model=ErrorResponse, retry: bool = False) -> dict:
 
 # For the completion routes (FastAPI `responses=`); the 413 text gets the limit at start.
 COMPLETION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the completion; with `stream: true`, server-sent events ending with "
+        "`data: [DONE]`",
+        "content": {"application/json": {}, "text/event-stream": {"schema": _SSE_EVENT}},
+    },
     400: _err(
         "invalid request: malformed JSON or UTF-8, a wrong type (booleans are true/false, "
         "numbers are numbers), a value out of range, or a prompt + max_tokens beyond the "
@@ -76,6 +94,12 @@ READY_RESPONSES: dict[int | str, dict[str, Any]] = {
     503: {
         "description": "not ready: draining or the engine is not stepping",
         "headers": _RETRY_AFTER,
+    }
+}
+METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Prometheus text format",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
     }
 }
 

@@ -2,19 +2,40 @@
 (vLLM-compatible integer, lower = more urgent) and `sla_latency_ms`.
 
 Validation is strict: a boolean is `true` or `false` (not "yes", not 1), a number is a JSON
-number (not a string), NaN and infinities are refused. Unknown fields are accepted and ignored,
+number (not a string), an integer is a whole number (`8` or, as JSON Schema has it, `8.0`; not
+`8.5`, not `"8"`), NaN and infinities are refused. Unknown fields are accepted and ignored,
 as OpenAI clients send many. Every limit checked here appears in the OpenAPI schema."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 MAX_N = 8
 SEED_MAX = 2**63 - 1
 _STRICT = ConfigDict(strict=True, allow_inf_nan=False)
 _Text = Annotated[str, Field(min_length=1)]
+
+
+def _whole(v):
+    """JSON Schema counts 8.0 as an integer: take it as 8 (anything else is left to strict
+    validation, which refuses it)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def _int(**bounds):
+    """A strict integer within `bounds` (the bounds go first, so the schema shows them)."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_whole)]
+
+
+_AtLeast1 = _int(ge=1)
+_N = _int(ge=1, le=MAX_N)
+_NonNegative = _int(ge=0)
+_Seed = _int(ge=-SEED_MAX, le=SEED_MAX)
+_Priority = _int(ge=0, le=3)
+_TopLogprobs = _int(ge=0, le=20)
+_Logprobs = _int(ge=0, le=5)
 
 # The prompt's three forms, with the limits the validator below enforces.
 PROMPT_SCHEMA = {
@@ -43,19 +64,19 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="allow", **_STRICT)
 
     model: str | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: _AtLeast1 | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Field(ge=0)] = 0
+    top_k: _NonNegative = 0
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
-    seed: Annotated[int, Field(ge=-SEED_MAX, le=SEED_MAX)] | None = None
+    n: _N = 1
+    seed: _Seed | None = None
     stop: _Text | list[_Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     # tierserve extensions
-    priority: Annotated[int, Field(ge=0, le=3)] | None = None
+    priority: _Priority | None = None
     sla_latency_ms: Annotated[float, Field(gt=0)] | None = None
 
     @field_validator("stop")
@@ -70,6 +91,7 @@ class _Common(BaseModel):
     @field_validator("priority", mode="before")
     @classmethod
     def _priority_int(cls, v):
+        v = _whole(v)
         if v is None:
             return v
         if isinstance(v, bool) or not isinstance(v, int):
@@ -100,14 +122,14 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: _AtLeast1 | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: _TopLogprobs | None = None
 
 
 class CompletionRequest(_Common):
-    prompt: Annotated[str | list[int] | list[str], WithJsonSchema(PROMPT_SCHEMA)]
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    prompt: Annotated[str | list[_NonNegative] | list[str], WithJsonSchema(PROMPT_SCHEMA)]
+    logprobs: _Logprobs | None = None
     echo: bool = False
 
     @field_validator("prompt")
@@ -119,6 +141,4 @@ class CompletionRequest(_Common):
             v = v[0]
         if len(v) == 0:
             raise ValueError("prompt must not be empty")
-        if isinstance(v, list) and any(t < 0 for t in v):
-            raise ValueError("prompt token ids must not be negative")
         return v
