@@ -504,6 +504,10 @@ def test_streams_cut_at_the_grace_deadline_end_with_an_error_and_done(tmp_path):
             target=lambda: plain.append(httpx.post(f"{url}/v1/completions", json=long, timeout=120))
         )
         sender.start()
+        for _ in range(400):  # the plain request is in flight before the stream starts
+            if httpx.get(f"{url}/ready", timeout=5).json()["in_flight"] >= 1:
+                break
+            time.sleep(0.05)
         lines = []
         with httpx.stream(
             "POST", f"{url}/v1/completions", json={**long, "stream": True}, timeout=120
