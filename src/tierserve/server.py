@@ -64,7 +64,7 @@ def build_state(
     built: BuiltEngine | None = None,
     tenants: TenantRegistry | None = None,
 ) -> ServerState:
-    tenants = tenants or tenant_registry(settings)
+    tenants = tenant_registry(settings) if tenants is None else tenants
     built = built or build_engine(args)
     core = built.engine
     sched = core.scheduler
