@@ -203,8 +203,72 @@ def test_rejections_are_counted_by_reason_and_class():
         ({"max_queued_requests": (1, 2, 3)}, "4 values"),
         ({"drain_alpha": 0}, "drain_alpha"),
         ({"max_queued_tokens": (1, -2, 3, 4)}, "negative"),
+        ({"p0_rate_reserve": 1.0}, "p0_rate_reserve"),
+        ({"p0_rate_reserve": -0.1}, "p0_rate_reserve"),
     ],
 )
 def test_bad_admission_config_is_refused(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         AdmissionConfig(**kwargs)
+
+
+# -- the P0 reserve of the global bucket ---------------------------------------------------------
+
+
+def _flood(ac, clock, seconds, p0_every_s, p0_cost, p3_cost, p3_every_s=0.01):
+    """A P3 flood far above the global rate, with a P0 request every `p0_every_s` seconds;
+    returns (P0 admitted, P0 sent, P3 tokens admitted)."""
+    p0_ok = p0_sent = p3_tokens = 0
+    steps = round(seconds / p3_every_s)
+    per_p0 = round(p0_every_s / p3_every_s)
+    for i in range(1, steps + 1):
+        clock.set(i * p3_every_s)
+        if ac.decide(P3, "bulk", p3_cost).admitted:
+            p3_tokens += p3_cost
+        if i % per_p0 == 0:
+            p0_sent += 1
+            p0_ok += ac.decide(P0, "chat", p0_cost).admitted
+    return p0_ok, p0_sent, p3_tokens
+
+
+def test_p0_gets_through_a_lower_class_flood_under_the_global_rate_limit():
+    """--rate-limit 300 --burst 600: background requests arrive 100 times a second, far above
+    the rate. Every realtime request still passes at once (the default 20% reserve holds 120
+    tokens for P0), and the flood still gets the rest of the rate."""
+    ac, _q, clock = controller(global_bucket=BucketConfig(rate=300, burst=600))
+    p0_ok, p0_sent, p3_tokens = _flood(
+        ac, clock, seconds=20, p0_every_s=0.5, p0_cost=100, p3_cost=60
+    )
+    assert p0_sent == 40 and p0_ok == 40
+    # Tokens the bucket could hand out over 20 s (burst + refill), less what P0 used: P3
+    # gets nearly all of it.
+    assert p3_tokens >= 0.9 * (600 + 300 * 20 - 40 * 100)
+
+
+def test_without_the_reserve_the_flood_starves_p0():
+    """The same flood with the reserve off: the behaviour the reserve fixes."""
+    ac, _q, clock = controller(global_bucket=BucketConfig(rate=300, burst=600), p0_rate_reserve=0.0)
+    p0_ok, p0_sent, _ = _flood(ac, clock, seconds=20, p0_every_s=0.5, p0_cost=100, p3_cost=60)
+    assert p0_ok <= p0_sent // 4
+
+
+def test_lower_classes_stop_at_the_reserve_with_exact_retry_after():
+    ac, _q, clock = controller(global_bucket=BucketConfig(rate=10, burst=100))  # reserve 20
+    assert ac.decide(P2, "a", 80).admitted  # leaves exactly the reserve
+    d = ac.decide(P1, "a", 5)
+    assert (d.status, d.error_type) == (429, "rate_limited") and "kept for realtime" in d.reason
+    assert d.retry_after_s == pytest.approx(0.5)  # 5 tokens above the reserve at 10/s
+    assert ac.decide(P0, "a", 20).admitted  # P0 may empty the bucket
+    clock.advance(2.0)  # 20 tokens: all below the reserve, so P0's alone
+    assert ac.decide(P3, "a", 1).status == 429
+    assert ac.decide(P0, "a", 20).admitted
+
+
+def test_a_request_larger_than_burst_minus_reserve_waits_for_a_full_bucket():
+    ac, _q, clock = controller(global_bucket=BucketConfig(rate=10, burst=100))
+    assert ac.decide(P0, "a", 10).admitted
+    d = ac.decide(P1, "a", 95)  # could never leave the reserve: needs the whole burst
+    assert d.status == 429 and d.retry_after_s == pytest.approx(1.0)
+    clock.advance(1.0)
+    assert ac.decide(P1, "a", 95).admitted
+    assert ac.decide(P1, "a", 101).status == 400  # above the burst: never

@@ -41,6 +41,8 @@ def test_flags_reach_every_layer():
         "100",
         "--burst",
         "500",
+        "--p0-rate-reserve",
+        "0.25",
         "--no-prefix-caching",
         "--port",
         "9000",
@@ -56,6 +58,7 @@ def test_flags_reach_every_layer():
     assert args.priorities.ttft_sla_s == (0.3, 4.0, 30.0, None)
     assert args.admission.max_queued_requests == (1, 2, 3, 4)
     assert args.admission.global_bucket.rate == 100 and args.admission.global_bucket.burst == 500
+    assert args.admission.p0_rate_reserve == 0.25
     assert not args.enable_prefix_caching and args.p0_express == "decode"
     assert settings.port == 9000
 
@@ -77,7 +80,7 @@ def test_config_file_with_flags_winning(tmp_path):
 def test_bad_config_is_a_clear_error(tmp_path):
     cfg = tmp_path / "serve.yaml"
     cfg.write_text("max_num_sequences: 16\n")
-    with pytest.raises(ValueError, match="unknown setting 'max_num_sequences'"):
+    with pytest.raises(ValueError, match="'max_num_sequences': not a known field"):
         parse("--config", str(cfg))
     cfg.write_text("max_num_seqs: lots\n")
     with pytest.raises(ValueError, match="max_num_seqs"):

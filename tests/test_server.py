@@ -2,17 +2,24 @@
 driven by the official `openai` client and by httpx."""
 
 import asyncio
+import json
+import signal
 import statistics
+import subprocess
+import sys
+import threading
 import time
+from contextlib import contextmanager
 
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server_utils import running_server, small_engine_args
+from tests.server_utils import free_port, running_server, small_engine_args
 from tierserve.api.settings import ServerSettings
 from tierserve.engine.builder import build_engine
+from tierserve.server import EXIT_REQUESTS_CUT
 
 pytestmark = pytest.mark.model
 MODEL = "SmolLM2-135M-Instruct"
@@ -320,6 +327,35 @@ def test_rate_limited_tenant_gets_429_with_retry_after(built):
         assert int(r.headers["retry-after"]) >= 1
 
 
+def test_global_rate_limit_keeps_a_reserve_for_p0_under_a_background_flood(built):
+    """--rate-limit 300 --burst 600 (reserve 20%): a burst of 30 background requests of 101
+    tokens each takes at most 480 tokens; the realtime requests behind it still pass."""
+    from tierserve.config import BucketConfig
+
+    with running_server(built, global_bucket=BucketConfig(rate=300, burst=600)) as (url, _):
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=120) as ac:
+
+                def post(tier):
+                    body = {"prompt": list(range(1000, 1100)), "max_tokens": 1}
+                    if tier == "realtime":
+                        body["prompt"] = body["prompt"][:49]
+                    h = {"x-request-tier": tier}
+                    return ac.post(f"{url}/v1/completions", json=body, headers=h)
+
+                flood = await asyncio.gather(*(post("background") for _ in range(30)))
+                rt = await asyncio.gather(*(post("realtime") for _ in range(2)))
+                return flood, rt
+
+        flood, rt = asyncio.run(scenario())
+    codes = [r.status_code for r in flood]
+    assert set(codes) == {200, 429} and codes.count(429) >= 20  # ~480 tokens + refill
+    refused = next(r for r in flood if r.status_code == 429)
+    assert "kept for realtime" in refused.json()["error"]["message"]
+    assert [r.status_code for r in rt] == [200, 200]
+
+
 def test_fifty_streams_cancelled_midway_return_every_block(built):
     with running_server(built) as (url, state):
         kv = state.engine.core.scheduler.kv
@@ -390,44 +426,56 @@ def test_ready_and_health(server):
     assert httpx.get(f"{url}/ready").json()["status"] == "ready"
 
 
-def test_sigterm_finishes_in_flight_requests_and_exits_0(tmp_path):
-    """`tierserve serve` as a real process: SIGTERM while a stream is in flight lets it finish
-    within the grace period, refuses new work, and exits with status 0."""
-    import signal
-    import subprocess
-    import sys
-
-    from tests.server_utils import free_port
-
+@contextmanager
+def serve_process(log_path, *extra):
+    """`tierserve serve` as a real process on a free port; yields (proc, url)."""
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tierserve",
-            "serve",
-            "--port",
-            str(port),
-            "--kv-cache-gib",
-            "0.1",
-            "--shutdown-grace-s",
-            "20",
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    cmd = [sys.executable, "-m", "tierserve", "serve", "--port", str(port), "--kv-cache-gib", "0.1"]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([*cmd, *extra], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(240):
+        for _ in range(480):
             try:
                 if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
-                time.sleep(0.25)
+                pass
+            assert proc.poll() is None, log_path.read_text()
+            time.sleep(0.25)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _probe_while_draining(url, stop: threading.Event, seen: list) -> None:
+    """New requests during the drain: each must be refused at the connection or answered 503
+    with Retry-After (never a 503 without it); /ready must never say 200."""
+    body = {"prompt": "Hi", "max_tokens": 1}
+    while not stop.is_set():
+        for method, path in (("GET", "/ready"), ("POST", "/v1/completions")):
+            try:
+                r = httpx.request(method, f"{url}{path}", json=body, timeout=5)
+            except httpx.TransportError:
+                seen.append((path, "refused", None))
+                continue
+            seen.append((path, r.status_code, r.headers.get("retry-after")))
+        time.sleep(0.02)
+
+
+def test_sigterm_finishes_in_flight_requests_and_exits_0(tmp_path):
+    """SIGTERM while a stream is in flight lets it finish within the grace period, refuses new
+    work (at the connection, or 503 with Retry-After), and exits with status 0."""
+    log_path = tmp_path / "server.log"
+    with serve_process(log_path, "--shutdown-grace-s", "20", "--log-level", "warning") as (
+        proc,
+        url,
+    ):
         body = {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "stream": True}
-        lines = []
+        lines, seen, stop = [], [], threading.Event()
+        prober = threading.Thread(target=_probe_while_draining, args=(url, stop, seen))
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
             for line in r.iter_lines():
                 if not line:
@@ -435,9 +483,52 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(tmp_path):
                 lines.append(line)
                 if len(lines) == 3:
                     proc.send_signal(signal.SIGTERM)
+                    prober.start()
+        stop.set()
+        prober.join()
         assert lines[-1] == "data: [DONE]"
         assert sum(1 for x in lines if x.startswith("data: {")) == 40  # it finished in full
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    assert seen, "the prober never ran"
+    for path, status, retry_after in seen:
+        assert status == "refused" or (status == 503 and int(retry_after) >= 1), (path, seen)
+    assert "Traceback" not in log_path.read_text()
+
+
+def test_streams_cut_at_the_grace_deadline_end_with_an_error_and_done(tmp_path):
+    """A grace period too short for the stream in flight: the stream gets an error event and
+    [DONE], a plain request a 503 with Retry-After, nothing is cancelled under uvicorn (no
+    tracebacks), and the exit status says requests were cut."""
+    log_path = tmp_path / "server.log"
+    with serve_process(log_path, "--shutdown-grace-s", "1", "--log-level", "info") as (proc, url):
+        long = {"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True}
+        plain: list = []
+        sender = threading.Thread(
+            target=lambda: plain.append(httpx.post(f"{url}/v1/completions", json=long, timeout=120))
+        )
+        sender.start()
+        for _ in range(400):  # the plain request is in flight before the stream starts
+            if httpx.get(f"{url}/ready", timeout=5).json()["in_flight"] >= 1:
+                break
+            time.sleep(0.05)
+        lines = []
+        with httpx.stream(
+            "POST", f"{url}/v1/completions", json={**long, "stream": True}, timeout=120
+        ) as r:
+            for line in r.iter_lines():
+                if line:
+                    lines.append(line)
+                if len(lines) == 3:
+                    proc.send_signal(signal.SIGTERM)
+        sender.join(60)
+        assert proc.wait(60) == EXIT_REQUESTS_CUT
+    assert lines[-1] == "data: [DONE]"
+    err = json.loads(lines[-2][len("data: ") :])["error"]
+    assert "grace period" in err["message"]
+    assert len(lines) < 1000  # it was cut, not finished
+    r = plain[0]
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+    assert "grace period" in r.json()["error"]["message"]
+    out = log_path.read_text()
+    assert "Traceback" not in out and "CancelledError" not in out, out
+    assert "failing 2 request(s)" in out

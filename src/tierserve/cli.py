@@ -155,14 +155,15 @@ def _fidelity(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from tierserve.serve_cli import build_configs, merged_options
-    from tierserve.server import serve
+    from tierserve.server import serve, tenant_registry
 
-    try:
+    try:  # every settings file is read and checked before the model loads
         engine_args, settings = build_configs(merged_options(args))
+        tenants = tenant_registry(settings)
     except (ValueError, TypeError) as exc:
         print(f"tierserve serve: {exc}", file=sys.stderr)
         return 2
-    return serve(engine_args, settings)
+    return serve(engine_args, settings, tenants)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -305,6 +305,9 @@ class AdmissionConfig:
     drain_alpha: float = 0.3
     # Used only until a drain rate has been measured.
     initial_retry_after_s: float = 1.0
+    # Share of the global bucket's burst kept for P0: lower classes may not draw the bucket
+    # below it (admission/controller.py). 0 turns the reserve off.
+    p0_rate_reserve: float = 0.2
 
     def __post_init__(self) -> None:
         _per_class("max_queued_requests", self.max_queued_requests)
@@ -312,3 +315,7 @@ class AdmissionConfig:
         _check(self.drain_window_s > 0, "drain_window_s must be positive")
         _check(0 < self.drain_alpha <= 1, "drain_alpha must lie in (0, 1]")
         _check(self.initial_retry_after_s > 0, "initial_retry_after_s must be positive")
+        _check(
+            0.0 <= self.p0_rate_reserve < 1.0,
+            f"p0_rate_reserve must lie in [0, 1), got {self.p0_rate_reserve}",
+        )

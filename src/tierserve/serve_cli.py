@@ -1,13 +1,18 @@
 """`tierserve serve` options: a flag for every engine, cache, policy and server setting (named as
 vLLM users know them where one exists), and `--config FILE` (YAML, same names with underscores)
-for all of them at once. Explicit flags override the file; the file overrides the defaults."""
+for all of them at once. Explicit flags override the file; the file overrides the defaults.
+
+The file is validated by a pydantic model built from the same table (`ServeConfigFile`): strict
+types (`no_aging: "false"` is an error, not True), lists where the flag takes several values,
+and an unknown key is an error that suggests the closest known one."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
-import yaml
+from pydantic import Field, create_model
 
 from tierserve.api.settings import ServerSettings
 from tierserve.config import (
@@ -17,6 +22,7 @@ from tierserve.config import (
     PolicyConfig,
     PriorityConfig,
 )
+from tierserve.config_file import ConfigFileError, FileModel, read_yaml, validate_file
 from tierserve.engine.args import EngineArgs
 from tierserve.priority import parse_priority
 
@@ -68,6 +74,12 @@ OPTIONS = [
     ("--max-queued-tokens", int, 4, "queued-token limit per class P0..P3"),
     ("--rate-limit", float, None, "global token bucket rate (prompt+max_tokens per second)"),
     ("--burst", float, None, "global token bucket burst"),
+    (
+        "--p0-rate-reserve",
+        float,
+        None,
+        "share of the global burst only P0 may draw; 0 = none (0.2)",
+    ),
     ("--tenant-rate-limit", float, None, "default per-tenant bucket rate"),
     ("--tenant-burst", float, None, "default per-tenant bucket burst"),
     ("--default-max-tokens", int, None, "max_tokens when a request gives none (512)"),
@@ -93,6 +105,58 @@ SWITCHES = [
 ]
 
 
+def _file_type(typ, nargs) -> Any:
+    """The YAML type of a flag: its value type (strict), a list of 4 for per-class flags, one
+    value or a list for the `nargs="+"` ones."""
+    one = {size: int | float, sla: float | None | Literal["none", "None", "-"]}.get(typ, typ)
+    if nargs is None:
+        return one
+    if nargs == "+":
+        return one | Annotated[list[one], Field(min_length=1)]
+    return Annotated[list[one], Field(min_length=nargs, max_length=nargs)]
+
+
+def _setting_name(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+ServeConfigFile = create_model(
+    "ServeConfigFile",
+    __base__=FileModel,
+    **{_setting_name(f): (_file_type(t, n), None) for f, t, n, _ in OPTIONS},
+    **{_setting_name(f): (bool, None) for f, _ in SWITCHES},
+)
+
+
+def read_config_file(path: str) -> dict:
+    """The settings in a `--config` file, converted as their flags would be."""
+    data = read_yaml(path, "config file")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    named: dict = {}
+    for k, v in data.items():
+        key = str(k).replace("-", "_")
+        if key in named:
+            raise ConfigFileError(f"{path}: setting {key!r} is given twice")
+        named[key] = v
+    cfg = validate_file(ServeConfigFile, named, path, lambda loc: f"setting {loc[0]!r}")
+    types = {_setting_name(f[0]): (f[1], f[2]) for f in OPTIONS}
+    opts: dict = {}
+    for key in cfg.model_fields_set:
+        v = getattr(cfg, key)
+        if key not in types:  # a switch
+            opts[key] = v
+            continue
+        typ, nargs = types[key]
+        if nargs is None:
+            opts[key] = typ(v)
+        else:
+            opts[key] = [typ(x) for x in (v if isinstance(v, list) else [v])]
+    return opts
+
+
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file with any of these settings (underscored names)")
     for flag, typ, nargs, text in OPTIONS:
@@ -102,27 +166,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def merged_options(ns: argparse.Namespace) -> dict:
-    opts: dict = {}
-    if ns.config:
-        data = yaml.safe_load(Path(ns.config).read_text()) or {}
-        types = {f[0][2:].replace("-", "_"): (f[1], f[2]) for f in OPTIONS}
-        switches = {f[0][2:].replace("-", "_") for f in SWITCHES}
-        for k, v in data.items():
-            key = k.replace("-", "_")
-            if key in switches:
-                opts[key] = bool(v)
-                continue
-            if key not in types:
-                raise ValueError(f"{ns.config}: unknown setting {k!r}")
-            typ, nargs = types[key]
-            try:  # the same conversion as the flag's, e.g. "none" in an SLA list
-                if nargs is None:
-                    opts[key] = typ(v)
-                else:
-                    vals = v if isinstance(v, list) else [v]
-                    opts[key] = [typ("none" if x is None else x) for x in vals]
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{ns.config}: {k}: {exc}") from None
+    opts = read_config_file(ns.config) if ns.config else {}
     for k, v in vars(ns).items():
         if v is not None and k not in ("config", "func", "command"):
             opts[k] = v
@@ -162,6 +206,8 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
     for key in ("max_queued_requests", "max_queued_tokens"):
         if key in opts:
             adm_kw[key] = tuple(opts[key])
+    if "p0_rate_reserve" in opts:
+        adm_kw["p0_rate_reserve"] = opts["p0_rate_reserve"]
     adm_kw["reject_on_sla_miss"] = bool(opts.get("reject_on_sla_miss", False))
     adm_kw["shed_for_p0"] = not opts.get("no_shed", False)
     prio_kw = {"ttft_sla_s": tuple(opts["ttft_sla"])} if "ttft_sla" in opts else {}

@@ -1,17 +1,23 @@
 """Build and run the HTTP server: engine thread + admission + tenants + metrics + FastAPI, under
-uvicorn. SIGTERM: stop admitting, let in-flight requests finish for a grace period, abort the
-rest, exit 0."""
+uvicorn.
+
+SIGTERM (or Ctrl-C): stop admitting (new connections are refused, a request that slips in gets
+503 with Retry-After), let in-flight requests finish for the grace period, then end the rest
+with an error (see api/drain.py). Exit status: 0 after a clean drain, EXIT_REQUESTS_CUT when
+requests had to be ended."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import signal
-import sys
 
 import uvicorn
 
 from tierserve.admission import AdmissionController
 from tierserve.api.app import create_app
+from tierserve.api.drain import FLUSH_S, drain
 from tierserve.api.settings import ServerSettings
 from tierserve.api.state import ServerState
 from tierserve.api.tenancy import TenantRegistry
@@ -24,6 +30,8 @@ from tierserve.request import Request
 
 log = logging.getLogger("tierserve.server")
 
+EXIT_REQUESTS_CUT = 3  # the grace period ended with requests still running
+
 
 def tenant_registry(settings: ServerSettings) -> TenantRegistry:
     if settings.tenants_file:
@@ -34,13 +42,16 @@ def tenant_registry(settings: ServerSettings) -> TenantRegistry:
 
 
 def build_state(
-    args: EngineArgs, settings: ServerSettings, built: BuiltEngine | None = None
+    args: EngineArgs,
+    settings: ServerSettings,
+    built: BuiltEngine | None = None,
+    tenants: TenantRegistry | None = None,
 ) -> ServerState:
+    tenants = tenant_registry(settings) if tenants is None else tenants
     built = built or build_engine(args)
     core = built.engine
     sched = core.scheduler
     metrics = Metrics(args.priorities, settings.served_model_names[0])
-    tenants = tenant_registry(settings)
     engine = AsyncEngine(core, built.tokenizer)
     # Admission runs on the event loop and reads the engine only through its snapshot.
     admission = AdmissionController(args.admission, engine, core.clock, args.priorities)
@@ -72,22 +83,37 @@ def build_state(
 
 
 class _Server(uvicorn.Server):
+    """uvicorn, draining our way: `drain` runs beside uvicorn's graceful shutdown and ends what
+    is left at the grace deadline, before uvicorn's own (later) timeout would cancel it."""
+
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self._state = state
+        self.requests_cut = 0
 
     def handle_exit(self, sig, frame) -> None:
-        self._state.draining = True  # new requests get 503 while in-flight ones finish
+        self._state.draining = True  # from this instant new requests get 503 + Retry-After
         super().handle_exit(sig, frame)
 
+    async def shutdown(self, sockets=None) -> None:
+        task = asyncio.create_task(drain(self._state, self._state.settings.shutdown_grace_s))
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if not task.done():  # uvicorn finished first: nothing was left in flight
+                task.cancel()
+            else:
+                self.requests_cut = task.result()
 
-def serve(args: EngineArgs, settings: ServerSettings) -> int:
+
+def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | None = None) -> int:
+    """Run until SIGTERM/SIGINT; return the exit status (0, or EXIT_REQUESTS_CUT)."""
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
     if fix_mmap_threshold():
         log.debug("glibc mmap threshold fixed at 4 MiB")
-    state = build_state(args, settings)
+    state = build_state(args, settings, tenants=tenants)
     mode = state.tenants.mode
     if mode == "open":
         log.warning("single-tenant mode: no tenants file and no API key; anyone may use any tier")
@@ -99,10 +125,17 @@ def serve(args: EngineArgs, settings: ServerSettings) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s + FLUSH_S),
     )
-    # uvicorn drains gracefully on SIGTERM, then re-raises the signal under the handler that was
-    # installed before it: make that a clean exit, so a graceful stop exits with status 0.
-    signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(0))
-    _Server(config, state).run()
+    # After its graceful shutdown uvicorn re-raises the signal under the handler installed
+    # before it: make that a no-op, so that the exit status is the one returned here.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _sig, _frame: None)
+    server = _Server(config, state)
+    server.run()
+    if server.requests_cut:
+        log.warning(
+            "exiting with status %d: %d request(s) cut", EXIT_REQUESTS_CUT, server.requests_cut
+        )
+        return EXIT_REQUESTS_CUT
     return 0

@@ -6,6 +6,12 @@ queue limits in requests and tokens (503 + retry-after from the class's measured
 optionally whether the class's TTFT SLA can still be met (503). Tokens are taken from the buckets
 only when the request is admitted.
 
+The global bucket keeps a reserve for P0 (`p0_rate_reserve` x burst, 20% by default): a lower
+class may take its cost only while the bucket then still holds the reserve (or, for a request
+larger than burst - reserve, only from a full bucket). So a lower-class flood can drain the
+bucket down to the reserve and no further: a realtime request finds the reserve at once, and the
+refill below it is P0's alone. P0 itself may use the whole bucket.
+
 A P0 request that finds the P0 queue full is not refused while a lower-class request waits: the
 decision says to shed one (the caller fails the latest arrival of the least urgent class).
 
@@ -71,6 +77,8 @@ class AdmissionController:
         self.priorities = priorities or PriorityConfig()
         now = clock.now()
         self._global = TokenBucket(config.global_bucket, now) if config.global_bucket else None
+        gb = config.global_bucket
+        self._p0_reserve = config.p0_rate_reserve * gb.burst if gb else 0.0
         self._tenant_cfg: dict[str, BucketConfig | None] = {}
         self._tenants: dict[str, TokenBucket] = {}
         w, a = config.drain_window_s, config.drain_alpha
@@ -152,12 +160,16 @@ class AdmissionController:
             self.rejections[key] = self.rejections.get(key, 0) + 1
             return Decision(False, priority, status, kind, reason, retry, depth)
 
+        keep = 0.0 if priority == Priority.P0 else self._p0_reserve  # of the global bucket
         buckets = [
-            (name, b)
-            for name, b in (("tenant", self._tenant_bucket(tenant, now)), ("global", self._global))
+            (name, b, k)
+            for name, b, k in (
+                ("tenant", self._tenant_bucket(tenant, now), 0.0),
+                ("global", self._global, keep),
+            )
             if b is not None
         ]
-        for name, b in buckets:
+        for name, b, _ in buckets:
             if cost_tokens > b.burst:
                 return reject(
                     400,
@@ -166,13 +178,14 @@ class AdmissionController:
                     f"{name} rate limit's burst of {b.burst:g}; lower max_tokens",
                     None,
                 )
-        waits = [(b.wait_for(cost_tokens, now), name) for name, b in buckets]
-        worst = max(waits, default=(0.0, ""))
+        waits = [(b.wait_for(cost_tokens, now, k), name, k) for name, b, k in buckets]
+        worst = max(waits, default=(0.0, "", 0.0))
         if worst[0] > 0:
+            kept = f" ({worst[2]:g} kept for realtime requests)" if worst[2] else ""
             return reject(
                 429,
                 "rate_limited",
-                f"{worst[1]} rate limit: {cost_tokens} tokens needed, refill takes "
+                f"{worst[1]} rate limit: {cost_tokens} tokens needed{kept}, refill takes "
                 f"{worst[0]:.2f} s",
                 worst[0],
             )
@@ -211,6 +224,6 @@ class AdmissionController:
                     min(MAX_RETRY_AFTER_S, wait - sla),
                 )
 
-        for _, b in buckets:
-            b.take(cost_tokens, now)
+        for _, b, k in buckets:
+            b.take(cost_tokens, now, k)
         return Decision(True, priority, queue_depth=depth, shed=shed)

@@ -21,15 +21,22 @@ class TokenBucket:
             self._last = now
         return self._tokens
 
-    def wait_for(self, cost: float, now: float) -> float:
-        """Seconds until `cost` tokens are available (0 if now; inf if cost exceeds burst)."""
-        if cost > self.burst:
+    def need(self, cost: float, keep: float = 0.0) -> float:
+        """The level at which `cost` may be taken by a caller that must leave `keep` tokens:
+        `cost + keep`, but never more than the burst (a large request waits for a full bucket
+        rather than never passing)."""
+        return min(cost + keep, self.burst) if cost <= self.burst else math.inf
+
+    def wait_for(self, cost: float, now: float, keep: float = 0.0) -> float:
+        """Seconds until `cost` tokens may be taken leaving `keep` (see `need`; 0 if now; inf if
+        cost exceeds burst)."""
+        missing = self.need(cost, keep) - self.level(now)
+        if math.isinf(missing):
             return math.inf
-        missing = cost - self.level(now)
         return 0.0 if missing <= 0 else missing / self.rate
 
-    def take(self, cost: float, now: float) -> None:
+    def take(self, cost: float, now: float, keep: float = 0.0) -> None:
         level = self.level(now)
-        if cost > level:
-            raise ValueError(f"bucket holds {level:.1f} tokens, cannot take {cost}")
+        if self.need(cost, keep) > level:
+            raise ValueError(f"bucket holds {level:.1f} tokens, cannot take {cost} keeping {keep}")
         self._tokens = level - cost

@@ -1,8 +1,7 @@
-"""The FastAPI application: routes, error mapping, body-size limit, health/ready/metrics."""
+"""The FastAPI application: routes, error mapping, middleware, health/ready/metrics."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from contextlib import asynccontextmanager
 
@@ -11,57 +10,15 @@ from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
-from tierserve.api.errors import APIError, error_response
+from tierserve.api.errors import APIError, error_response, retry_after_header
+from tierserve.api.middleware import BodySizeLimit, InternalErrors
 from tierserve.api.openai_routes import router
+from tierserve.api.openapi import METRICS_RESPONSES, READY_RESPONSES, install_openapi
 from tierserve.api.state import ServerState
 
-
-class BodySizeLimit:
-    """Pure ASGI middleware: refuse bodies over `limit` bytes with 413, whether or not the
-    client sent a Content-Length."""
-
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._too_large(send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return msg
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._too_large(send)
-
-    async def _too_large(self, send):
-        resp = error_response(
-            APIError(413, f"request body exceeds {self.limit} bytes", code="request_too_large")
-        )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": resp.body})
-
-
-class _TooLarge(Exception):
-    pass
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -79,16 +36,35 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"invalid value for '{field}': {msg}", field
 
 
+def _http_error(req: HTTPRequest, exc: HTTPException) -> APIError:
+    """Starlette's own errors (no route, wrong method, unreadable body) in OpenAI's shape."""
+    where = f"{req.method} {req.url.path}"
+    if exc.status_code == 404:
+        msg = f"no such route: {where}"
+    elif exc.status_code == 405:
+        msg = f"method not allowed: {where} (allowed: {(exc.headers or {}).get('Allow', '?')})"
+    elif exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+        msg = f"the request body is not valid UTF-8: {exc.__cause__}"
+    elif exc.status_code == 400 and exc.__cause__ is not None:
+        msg = f"the request body could not be read: {exc.__cause__!r}"
+    else:
+        msg = str(exc.detail)
+    return APIError(
+        exc.status_code,
+        msg,
+        code=_HTTP_CODES.get(exc.status_code),
+        headers=dict(exc.headers or {}),
+    )
+
+
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if not state.engine.is_alive():
             state.engine.start()
         yield
+        # uvicorn has already waited for (or cut) the open requests: see api/drain.py.
         state.draining = True
-        deadline = time.monotonic() + state.settings.shutdown_grace_s
-        while state.engine.num_in_flight() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
         state.engine.shutdown()
 
     app = FastAPI(title="tierserve", lifespan=lifespan)
@@ -104,20 +80,28 @@ def create_app(state: ServerState) -> FastAPI:
         msg, field = _validation_message(exc)
         return error_response(APIError(400, msg, param=field))
 
+    @app.exception_handler(HTTPException)
+    async def _starlette_error(req: HTTPRequest, exc: HTTPException):
+        return error_response(_http_error(req, exc))
+
     @app.get("/health")
     async def health():
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @app.get("/ready", responses=READY_RESPONSES)
     async def ready():
         eng = state.engine
         alive = eng.is_alive() and time.monotonic() - eng.heartbeat < 30.0
         if alive and not state.draining:
             return {"status": "ready", "in_flight": eng.num_in_flight()}
         why = "draining" if state.draining else "engine not stepping"
-        return JSONResponse({"status": "not ready", "reason": why}, status_code=503)
+        return JSONResponse(
+            {"status": "not ready", "reason": why},
+            status_code=503,
+            headers={"Retry-After": retry_after_header(None)},
+        )
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses=METRICS_RESPONSES)
     async def metrics():
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -137,4 +121,8 @@ def create_app(state: ServerState) -> FastAPI:
         return {"object": "list", "data": data}
 
     app.add_middleware(BodySizeLimit, limit=state.settings.max_request_bytes)
+    app.add_middleware(InternalErrors)  # outermost of ours: sees what every layer inside raised
+    install_openapi(
+        app, state.settings.max_request_bytes, state.max_model_len, state.tokenizer.vocab_size
+    )
     return app

@@ -1,4 +1,5 @@
-"""OpenAI-style error responses."""
+"""OpenAI-style error responses: every error the server answers has the body
+``{"error": {"message", "type", "param", "code"}}`` (429/503 add their queue fields)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ class APIError(Exception):
         kind: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        retry_after_s: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = (
@@ -26,13 +29,18 @@ class APIError(Exception):
             param,
             code,
         )
+        self.retry_after_s = retry_after_s
+        self.headers = dict(headers or {})
 
 
 def error_response(err: APIError) -> JSONResponse:
     body = {
         "error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}
     }
-    return JSONResponse(body, status_code=err.status)
+    headers = dict(err.headers)
+    if err.retry_after_s is not None or err.status == 503:  # a 503 always says when to retry
+        headers["Retry-After"] = retry_after_header(err.retry_after_s)
+    return JSONResponse(body, status_code=err.status, headers=headers)
 
 
 def retry_after_header(seconds: float | None) -> str:
@@ -48,6 +56,8 @@ def admission_response(d: Decision) -> JSONResponse:
         "error": {
             "type": d.error_type,
             "message": d.reason,
+            "param": None,
+            "code": None,
             "retry_after": d.retry_after_s,
             "current_queue_depth": d.queue_depth,
             "priority": d.priority.label.lower(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -16,11 +17,14 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from tierserve.api.drain import SHUTDOWN_ERROR
 from tierserve.api.errors import APIError
+from tierserve.api.openapi import COMPLETION_RESPONSES
 from tierserve.api.protocol import ChatCompletionRequest, CompletionRequest
 from tierserve.api.state import Prepared, ServerState, prepare
 from tierserve.engine.async_engine import AsyncEngine, StreamDelta
 
+log = logging.getLogger("tierserve.api")
 router = APIRouter()
 
 
@@ -57,8 +61,8 @@ def _usage(prompt: int, completion: int) -> dict:
 
 
 def _error_status(error: str | None, reason: str | None) -> int:
-    if error and error.startswith("shed"):
-        return 503
+    if error and (error.startswith("shed") or error == SHUTDOWN_ERROR):
+        return 503  # with Retry-After
     return 400 if reason == "error" and error and "context" in error else 500
 
 
@@ -125,16 +129,21 @@ def _stream(state, prep: Prepared, chunk: dict, body, n_prompt: int, make_choice
 
     async def events():
         started, totals = set(), {}
-        async for i, d in _merged(state.engine, prep):
-            if d.finished and d.finish_reason == "error":
-                yield _sse({"error": {"message": d.error, "type": "server_error"}})
-                break
-            yield _sse({**chunk, "choices": [make_choice(i, d, i not in started)]})
-            started.add(i)
-            totals[i] = d.num_output_tokens
-        if include_usage:
-            usage = _usage(n_prompt, sum(totals.values()))
-            yield _sse({**chunk, "choices": [], "usage": usage})
+        try:
+            async for i, d in _merged(state.engine, prep):
+                if d.finished and d.finish_reason == "error":
+                    yield _sse({"error": {"message": d.error, "type": "server_error"}})
+                    break
+                yield _sse({**chunk, "choices": [make_choice(i, d, i not in started)]})
+                started.add(i)
+                totals[i] = d.num_output_tokens
+            if include_usage:
+                usage = _usage(n_prompt, sum(totals.values()))
+                yield _sse({**chunk, "choices": [], "usage": usage})
+        except Exception:  # the status line is sent: end the stream with an error event
+            log.exception("stream %s failed", prep.request_id)
+            msg = f"internal server error (request id {prep.request_id})"
+            yield _sse({"error": {"message": msg, "type": "server_error"}})
         yield _sse("[DONE]")
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=prep.headers)
@@ -144,7 +153,7 @@ def _state(http: HTTPRequest) -> ServerState:
     return http.app.state.tierserve
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=COMPLETION_RESPONSES)
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     state = _state(http)
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
@@ -209,11 +218,13 @@ def _completion_logprobs(state: ServerState, tokens, lps, offset: int) -> dict:
     }
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=COMPLETION_RESPONSES)
 async def completions(body: CompletionRequest, http: HTTPRequest):
     state = _state(http)
     prompt = body.prompt
     prompt_ids = state.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not prompt_ids:
+        raise APIError(400, "the prompt encodes to no tokens", param="prompt")
     if not isinstance(prompt, str) and any(
         t < 0 or t >= state.tokenizer.vocab_size for t in prompt
     ):

@@ -94,7 +94,7 @@ def prepare(
     prefix: str,
 ) -> Prepared | JSONResponse:
     """Validate and admit a request; return its engine Requests, or a refusal response."""
-    if state.draining:
+    if state.draining:  # 503 with Retry-After: another replica, or this one after a restart
         raise APIError(503, "the server is shutting down", "resource_exhausted")
     if body.model is not None and body.model not in state.settings.served_model_names:
         raise APIError(

@@ -13,16 +13,22 @@ A tenants file (YAML)::
 
 A requested class above the tenant's entitlement is clamped to the entitlement, never honoured;
 the class actually used is reported in the ``x-tierserve-priority`` response header.
+
+The file is validated strictly (``TenantsFile``): ``keys`` must be a list (a lone string would
+otherwise be read character by character), unknown fields and wrong types are errors naming the
+file, the tenant and the field.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-import yaml
+from pydantic import BeforeValidator, Field
 
 from tierserve.config import BucketConfig
+from tierserve.config_file import ConfigFileError, FileModel, read_yaml, validate_file
 from tierserve.priority import Priority, parse_priority
 
 DEFAULT_TENANT = "default"
@@ -34,6 +40,35 @@ class AuthError(Exception):
 
 class BadPriority(ValueError):
     """An unknown tier name or an out-of-range priority (400)."""
+
+
+Tier = Annotated[Priority, BeforeValidator(parse_priority)]
+
+
+class RateLimitSpec(FileModel):
+    tokens_per_s: Annotated[float, Field(gt=0)]
+    burst: Annotated[float, Field(gt=0)]
+
+
+class TenantSpec(FileModel):
+    keys: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    max_tier: Tier = Priority.P0
+    default_tier: Tier = Priority.P1
+    rate_limit: RateLimitSpec | None = None
+    share_prefix_cache: bool = False
+
+
+class TenantsFile(FileModel):
+    tenants: Annotated[dict[str, TenantSpec], Field(min_length=1)]
+
+
+def _where(loc: tuple) -> str:
+    """('tenants', 'acme', 'rate_limit', 'burst') -> "tenant 'acme', field 'rate_limit.burst'"."""
+    if len(loc) >= 3 and loc[0] == "tenants":
+        return f"tenant {loc[1]!r}, field {'.'.join(map(str, loc[2:]))!r}"
+    if len(loc) == 2 and loc[0] == "tenants":
+        return f"tenant {loc[1]!r}"
+    return f"field {'.'.join(map(str, loc)) or 'tenants'!r}"
 
 
 @dataclass(frozen=True)
@@ -73,31 +108,27 @@ class TenantRegistry:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TenantRegistry:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        entries = data.get("tenants")
-        if not isinstance(entries, dict) or not entries:
-            raise ValueError(f"{path}: expected a non-empty `tenants:` mapping")
+        """Load and validate a tenants file; ConfigFileError names what is wrong."""
+        data = read_yaml(path, "tenants file")
+        spec = validate_file(TenantsFile, data, path, _where)
         tenants, keys = {}, {}
-        for name, spec in entries.items():
-            spec = spec or {}
-            try:
-                max_p = parse_priority(spec.get("max_tier", "realtime"))
-                default_p = parse_priority(spec.get("default_tier", "online"))
-            except ValueError as exc:
-                raise ValueError(f"{path}: tenant {name!r}: {exc}") from None
-            if default_p < max_p:
-                raise ValueError(
-                    f"{path}: tenant {name!r}: default_tier {default_p.tier} is above its "
-                    f"max_tier {max_p.tier}"
+        for name, t in spec.tenants.items():
+            if t.default_tier < t.max_tier:
+                raise ConfigFileError(
+                    f"{path}: tenant {name!r}: default_tier {t.default_tier.tier} is above its "
+                    f"max_tier {t.max_tier.tier}"
                 )
-            rl = spec.get("rate_limit")
-            bucket = BucketConfig(float(rl["tokens_per_s"]), float(rl["burst"])) if rl else None
-            salt = None if spec.get("share_prefix_cache", False) else str(name)
-            tenants[name] = Tenant(str(name), max_p, default_p, bucket, salt)
-            for key in spec.get("keys", []):
+            rl = t.rate_limit
+            bucket = BucketConfig(rl.tokens_per_s, rl.burst) if rl else None
+            salt = None if t.share_prefix_cache else name
+            tenants[name] = Tenant(name, t.max_tier, t.default_tier, bucket, salt)
+            for key in t.keys:
                 if key in keys:
-                    raise ValueError(f"{path}: key {key[:6]}... is given to two tenants")
-                keys[str(key)] = str(name)
+                    raise ConfigFileError(
+                        f"{path}: tenant {name!r}: key {key[:6]}... is already given to "
+                        f"tenant {keys[key]!r}"
+                    )
+                keys[key] = name
         return cls(tenants, keys, "file")
 
     def authenticate(self, authorization: str | None, tenant_header: str | None) -> Tenant:

@@ -150,6 +150,10 @@ class AsyncEngine:
         """Streams submitted whose terminal delta has not reached the event loop yet."""
         return len(self._open)
 
+    def in_flight_ids(self) -> list[str]:
+        """Their request ids, sorted (event loop only)."""
+        return sorted(self._open)
+
     def shutdown(self, timeout: float = 5.0) -> None:
         """Abort whatever is still in flight and stop the engine thread (it drains these
         aborts before it exits)."""
