@@ -54,6 +54,7 @@ def test_replica_stats_read_a_live_engine_exactly_and_change_nothing():
     engine.add_request(c)  # no seat left: it waits
     s = replica_stats(engine, "r7")
     assert s.replica_id == "r7" and s.max_seats == 2 and s.block_size == 16
+    assert s.max_step_tokens == 2048
     assert s.running == (0, 1, 0, 1) and s.free_seats == 0
     assert s.waiting == (0, 0, 1, 0) and s.waiting_tokens == (0, 0, 30, 0)
     assert s.prefill_tokens == (0, 0, 0, 0)
@@ -141,3 +142,25 @@ def test_fleet_config_refuses_bad_input():
         FleetConfig(SMALL, 0)
     with pytest.raises(ValueError, match="unknown router"):
         FleetConfig(SMALL, 2, "random")
+
+
+def test_the_step_oracle_sends_p0_where_the_step_in_flight_ends_first():
+    from tierserve.routing.rank import rank_replicas
+    from tierserve.sim.fleet import step_oracle
+
+    engine_a, engine_b = _small_engine(), _small_engine()
+    engine_b.clock.set(0.5)  # b's step in flight ends later
+    a, b = replica_stats(engine_a, "a"), replica_stats(engine_b, "b")
+    p0 = RouteRequest(Priority.P0, 32)
+    assert step_oracle(p0, [b, a])[0] == ("a", "step-oracle")
+    p1 = RouteRequest(Priority.P1, 32)
+    assert step_oracle(p1, [b, a]) == rank_replicas(p1, [b, a])
+
+
+def test_the_simulate_command_offers_every_fleet_router():
+    from tierserve.cli import build_parser
+    from tierserve.sim.fleet import FLEET_ROUTERS
+
+    sim = build_parser()._subparsers._group_actions[0].choices["simulate"]
+    router = next(a for a in sim._actions if a.dest == "router")
+    assert tuple(router.choices) == FLEET_ROUTERS

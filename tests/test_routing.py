@@ -35,6 +35,7 @@ def stats(rid: str, **kw) -> ReplicaStats:
         prefill_tokens=(0, 0, 0, 0),
         running=(0, 0, 0, 0),
         max_seats=8,
+        max_step_tokens=2048,
         outstanding_tokens=0,
     )
     return ReplicaStats(**(base | kw))
@@ -98,6 +99,24 @@ def test_p0_queued_ahead_costs_p0_its_start():
     # ...and P0 prompt tokens a running P0 request has yet to prefill count the same way.
     prefilling = stats("a", running=(1, 0, 0, 0), prefill_tokens=(3000, 0, 0, 0))
     assert top(req(P0, 1000), [prefilling, p3]) == ("b", "p0-preempt")
+
+
+def test_p0_avoids_the_replica_whose_steps_carry_long_prefill_chunks():
+    # A P0 arrival waits for the step in flight; lower-class prompt tokens still to prefill
+    # make that step a long one, up to one step's budget.
+    prefilling = stats("a", running=(0, 2, 0, 0), prefill_tokens=(0, 3000, 0, 0))
+    decoding = stats("b", running=(0, 6, 0, 0), outstanding_tokens=50_000)
+    assert rank_replicas(req(P0), [prefilling, decoding]) == [
+        ("b", "p0-free"),
+        ("a", "p0-free"),
+    ]
+    # Capped at one step (2,048 tokens): 100,000 to prefill weigh less than 3,000 P0 tokens
+    # queued ahead.
+    huge = replace(prefilling, prefill_tokens=(0, 60_000, 40_000, 0))
+    p0_queue = stats("b", waiting=(2, 0, 0, 0), waiting_tokens=(3000, 0, 0, 0))
+    assert top(req(P0), [huge, p0_queue]) == ("a", "p0-free")
+    # P1 counts no P2/P3 work at all: to a P1 request, a is empty.
+    assert top(req(P1), [replace(huge, prefill_tokens=(0, 0, 40_000, 0)), p0_queue])[0] == "a"
 
 
 def test_p0_that_cannot_start_anywhere_soon_ranks_last():

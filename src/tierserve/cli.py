@@ -228,8 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument(
         "--router",
         action="append",
-        choices=["round-robin", "least-loaded", "prefix-only", "priority-aware"],
-        help="how arrivals pick a replica (repeatable; default priority-aware; fleet: all)",
+        choices=["round-robin", "least-loaded", "prefix-only", "priority-aware", "step-oracle"],
+        help="how arrivals pick a replica (repeatable; default priority-aware; fleet: the "
+        "first four; step-oracle is a simulator-only reference)",
     )
     sm.set_defaults(func=_simulate)
 

@@ -5,11 +5,18 @@ Every replica gets a *cost* in tokens, lower is better:
 
 * **P0** can start now on a replica when a seat and the blocks for its prompt (after any P0
   already queued there) are free, or can be freed by preempting lower classes, within P0's
-  ceiling. Its cost is the P0 work queued ahead of it plus the work it would displace:
-  victims are taken as the scheduler reclaims, lowest class first (P3, then P2, then P1), and
-  each displaced token is weighted by its class (``displace_weight``; P3 almost free, P1 full
-  price). A replica full of P3 is nearly free for P0; one full of P1 is not. Replicas where P0
-  cannot start now rank after every replica where it can.
+  ceiling. Replicas where P0 cannot start now rank after every replica where it can. Its cost
+  is what it waits behind or pushes out:
+
+  - the P0 work queued ahead of it (waiting, and prompt tokens running P0 requests still
+    prefill);
+  - the work it would displace: victims are taken as the scheduler reclaims, lowest class
+    first (P3, then P2, then P1), each displaced token weighted by its class
+    (``displace_weight``; P3 almost free, P1 full price). A replica full of P3 is nearly free
+    for P0; one full of P1 is not;
+  - the step in flight: P0 waits for it to end, and a step carrying prefill chunks lasts
+    several decode steps. Counted as the lower classes' prompt tokens still to prefill, at
+    most one step's token budget (the replica's next step is built for P0).
 * **P1..P3**: the work queued at the request's class and above: waiting tokens plus prompt
   tokens running requests still have to prefill, summed over classes ``<= c``. Lower classes'
   work does not count: the replica's policy serves this request before it.
@@ -110,7 +117,8 @@ def _score(req: RouteRequest, s: ReplicaStats, cfg: RoutingConfig) -> _Score:
     if req.priority == Priority.P0:
         ok, displaced = p0_start_cost(req, s, cfg)
         reason = (P0_FREE if displaced == 0 else P0_PREEMPT) if ok else P0_WAIT
-        cost = queued_at_or_above(s, Priority.P0) + displaced
+        in_flight = min(sum(s.prefill_tokens[1:]), s.max_step_tokens)
+        cost = queued_at_or_above(s, Priority.P0) + displaced + in_flight
         return _Score(ok, cost, s.outstanding_tokens, s.replica_id, reason, match)
     cost = queued_at_or_above(s, req.priority)
     return _Score(True, cost, s.outstanding_tokens, s.replica_id, LEAST_QUEUED, match)

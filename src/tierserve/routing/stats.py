@@ -68,6 +68,7 @@ def replica_stats(
         prefill_tokens=tuple(prefill),
         running=tuple(running),
         max_seats=sched.config.max_num_seqs,
+        max_step_tokens=sched.config.max_num_batched_tokens,
         outstanding_tokens=outstanding,
         prefix_hashes=frozenset(h for h, _ in prefixes.most_common(prefix_limit)),
         time=core.clock.now(),

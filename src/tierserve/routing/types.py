@@ -85,6 +85,7 @@ class ReplicaStats:
     prefill_tokens: tuple[int, ...]  # prompt tokens running requests have yet to compute
     running: tuple[int, ...]  # requests holding a seat, by current class
     max_seats: int  # max_num_seqs
+    max_step_tokens: int  # max_num_batched_tokens: the most a step computes
     outstanding_tokens: int  # waiting tokens + what running/swapped requests still compute
     prefix_hashes: frozenset[int] = frozenset()  # hash keys of cached leading prompt blocks
     time: float = 0.0  # the replica's clock when measured
@@ -102,8 +103,11 @@ class ReplicaStats:
             raise ValueError(f"replica {self.replica_id!r}: partition_free needs 3 values")
         object.__setattr__(self, "partition_free", tuple(self.partition_free))
         object.__setattr__(self, "prefix_hashes", frozenset(self.prefix_hashes))
-        if self.block_size < 1 or self.max_seats < 1:
-            raise ValueError(f"replica {self.replica_id!r}: block_size and max_seats must be >= 1")
+        if min(self.block_size, self.max_seats, self.max_step_tokens) < 1:
+            raise ValueError(
+                f"replica {self.replica_id!r}: block_size, max_seats and max_step_tokens must be "
+                ">= 1"
+            )
 
     @property
     def free_seats(self) -> int:

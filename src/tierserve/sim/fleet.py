@@ -20,8 +20,17 @@ from dataclasses import asdict, dataclass, field
 
 from tierserve.admission import AdmissionController
 from tierserve.engine.core import EngineCore
-from tierserve.routing import ReplicaStats, Router, RouteRequest, make_router, replica_stats
-from tierserve.routing.rank import DEFAULT_ROUTING, RoutingConfig
+from tierserve.priority import Priority
+from tierserve.routing import (
+    ROUTER_NAMES,
+    ReplicaStats,
+    Router,
+    RouteRequest,
+    make_router,
+    rank_replicas,
+    replica_stats,
+)
+from tierserve.routing.rank import DEFAULT_ROUTING, Choice, RoutingConfig, p0_start_cost
 from tierserve.sim.driver import DriveResult, EngineFeed, first_arrivals
 from tierserve.sim.events import EventKind, EventQueue
 from tierserve.sim.executor import SimExecutor
@@ -40,7 +49,28 @@ class FleetConfig:
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
-        make_router(self.router, self.routing)  # a clear error for an unknown name
+        fleet_router(self.router, self.routing)  # a clear error for an unknown name
+
+
+def step_oracle(request: RouteRequest, stats: list[ReplicaStats]) -> list[Choice]:
+    """A reference no real router can implement: P0 goes, among the replicas where it can start
+    now, to the one whose step in flight ends first (in this simulator a replica's stats are
+    taken at the end of its step in flight, so ``ReplicaStats.time`` is that moment). Other
+    classes as priority-aware. It bounds what step-level knowledge could give P0."""
+    if request.priority != Priority.P0:
+        return rank_replicas(request, stats)
+    order = sorted(
+        stats,
+        key=lambda s: (not p0_start_cost(request, s, DEFAULT_ROUTING)[0], s.time, s.replica_id),
+    )
+    return [(s.replica_id, "step-oracle") for s in order]
+
+
+FLEET_ROUTERS = (*ROUTER_NAMES, "step-oracle")
+
+
+def fleet_router(name: str, routing: RoutingConfig = DEFAULT_ROUTING) -> Router:
+    return step_oracle if name == "step-oracle" else make_router(name, routing)
 
 
 @dataclass
@@ -143,7 +173,7 @@ def run_fleet(cfg: FleetConfig) -> dict:
     sim, w = cfg.sim, cfg.sim.workload
     replicas = build_fleet(cfg)
     result = drive_fleet(
-        replicas, Workload(w), make_router(cfg.router, cfg.routing), sim.block_size
+        replicas, Workload(w), fleet_router(cfg.router, cfg.routing), sim.block_size
     )
     lo, hi = w.warmup_s, w.duration_s
     out = run_stats(result, lo, hi, sim.priorities)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tierserve.routing import ROUTER_NAMES
+from tierserve.sim.fleet import FLEET_ROUTERS
 
 CLASSES = ("P0", "P1", "P2", "P3")
 
@@ -81,7 +81,7 @@ def _main_table(loads: dict[str, dict[str, dict]]) -> list[str]:
     ]
     for load, runs in loads.items():
         base = runs.get("least-loaded")
-        for name in ROUTER_NAMES:
+        for name in FLEET_ROUTERS:
             r = runs.get(name)
             if r is None:
                 continue
@@ -142,7 +142,7 @@ def write_fleet_plot(results: list[dict], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     loads = _by_load(results)
-    names = [n for n in ROUTER_NAMES if any(n in runs for runs in loads.values())]
+    names = [n for n in FLEET_ROUTERS if any(n in runs for runs in loads.values())]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     width = 0.8 / max(1, len(names))
     for ax, cls in zip(axes, ("P0", "P1"), strict=True):
@@ -154,7 +154,8 @@ def write_fleet_plot(results: list[dict], out: Path) -> Path:
             xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(loads))]
             ax.bar(xs, ys, width, label=name)
         ax.set_xticks(range(len(loads)), list(loads))
-        ax.set_yscale("log")
+        if cls == "P1":  # spans milliseconds to minutes across routers
+            ax.set_yscale("log")
         ax.set_title(f"{cls} TTFT P95 by router")
         ax.set_ylabel("seconds")
         ax.grid(True, axis="y", which="both", alpha=0.3)
