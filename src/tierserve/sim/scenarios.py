@@ -91,8 +91,9 @@ def grid_configs(base: SimConfig, policies, concurrencies) -> list[SimConfig]:
 class Progress:
     """A one-line progress bar on a terminal; silent otherwise."""
 
-    def __init__(self, total: int, stream=sys.stderr) -> None:
-        self.total, self.done, self.stream = total, 0, stream
+    def __init__(self, total: int, stream=None) -> None:
+        # sys.stderr looked up now, not at import: it may have been replaced since.
+        self.total, self.done, self.stream = total, 0, stream or sys.stderr
         self.tty = stream.isatty()
         self.t0 = time.perf_counter()
 
