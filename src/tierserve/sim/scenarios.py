@@ -94,7 +94,7 @@ class Progress:
     def __init__(self, total: int, stream=None) -> None:
         # sys.stderr looked up now, not at import: it may have been replaced since.
         self.total, self.done, self.stream = total, 0, stream or sys.stderr
-        self.tty = stream.isatty()
+        self.tty = self.stream.isatty()
         self.t0 = time.perf_counter()
 
     def step(self, label: str) -> None:
