@@ -63,7 +63,7 @@ def cluster_options(opts: dict) -> ClusterOptions | None:
     """The cluster settings among `tierserve serve`'s merged options; None: single process."""
     if opts.get("replicas") is None and opts.get("ray_address") is None:
         return None
-    kw = {"replicas": opts.get("replicas") or 1}
+    kw = {"replicas": 1 if opts.get("replicas") is None else opts["replicas"]}
     for key in ("max_replicas", "ray_address", "router"):
         if opts.get(key) is not None:
             kw[key] = opts[key]
@@ -177,10 +177,11 @@ def serve_cluster(args: EngineArgs, settings: ServerSettings, opts: ClusterOptio
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     temp_dir = start_ray(opts)
     try:
+        # After ray.init, which installs handlers of its own: a signal stops serving cleanly.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
         deploy(args, settings, opts)
         log.info(
             "serving on http://%s:%d with %d engine replicas (router %s)",
