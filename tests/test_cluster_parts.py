@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tierserve.cli import build_parser
 from tierserve.clock import ManualClock
 from tierserve.cluster import wire
 from tierserve.cluster.autoscale import ClassAutoscalingPolicy, ScaleConfig, desired_replicas
@@ -24,6 +25,7 @@ from tierserve.priority import Priority
 from tierserve.request import Request
 from tierserve.routing import ReplicaStats, RouteRequest
 from tierserve.sampling_params import SamplingParams
+from tierserve.serve_cli import build_configs, merged_options
 
 # -- wire ----------------------------------------------------------------------------------------
 
@@ -420,3 +422,29 @@ def test_cluster_options_from_serve_flags():
         cluster_options({"replicas": 3, "max_replicas": 2})
     with pytest.raises(ValueError, match="unknown router"):
         cluster_options({"replicas": 2, "router": "random"})
+    with pytest.raises(ValueError, match="prefix-margin-tokens"):
+        cluster_options({"replicas": 2, "prefix_margin_tokens": -1})
+    argv = ["serve", "--replicas", "2", "--max-replicas", "4", "--router", "least-loaded"]
+    argv += ["--prefix-margin-tokens", "256", "--max-num-seqs", "8"]
+    opts = merged_options(build_parser().parse_args(argv))
+    assert cluster_options(opts) == ClusterOptions(
+        replicas=2, max_replicas=4, router="least-loaded", prefix_margin_tokens=256
+    )
+    assert build_configs(opts)[0].max_num_seqs == 8  # engine flags still reach every replica
+
+
+def test_max_replicas_deploys_the_class_policy_through_ray_serves_hook():
+    pytest.importorskip("ray")
+    from tierserve.cluster.launch import _scaling
+
+    assert _scaling(ClusterOptions(replicas=2)) == {"num_replicas": 2}
+    cfg = _scaling(ClusterOptions(replicas=1, max_replicas=3))["autoscaling_config"]
+    assert (cfg.min_replicas, cfg.initial_replicas, cfg.max_replicas) == (1, 1, 3)
+    policy_cls = cfg.policy.get_policy()  # what Serve's controller unpickles and instantiates
+    policy = policy_cls(**cfg.policy.policy_kwargs)
+    ctx = SimpleNamespace(
+        aggregated_metrics={"p0_sla_attainment": {"r1": 0.5}},
+        current_num_replicas=1,
+        policy_state={},
+    )
+    assert policy(ctx)[0] == 2

@@ -37,6 +37,9 @@ class ClusterOptions:
     max_replicas: int | None = None  # autoscale the engine between replicas and max_replicas
     ray_address: str | None = None  # join this cluster instead of starting a local Ray
     router: str = "priority-aware"
+    # Prefix affinity's load margin in tokens (None: RoutingConfig's default, shared with the
+    # simulator). Queued tokens cost far more time on a CPU replica than on a GPU one.
+    prefix_margin_tokens: int | None = None
     replica_cpus: float = 1.0  # Ray CPUs per engine replica (fractions allowed)
     ingress_replicas: int = 1
     stats_period_s: float = 0.2  # record_routing_stats period
@@ -55,6 +58,10 @@ class ClusterOptions:
             raise ValueError(
                 f"unknown router {self.router!r}; choose one of {', '.join(ROUTER_NAMES)}"
             )
+        if self.prefix_margin_tokens is not None and self.prefix_margin_tokens < 0:
+            raise ValueError(
+                f"--prefix-margin-tokens must be >= 0, got {self.prefix_margin_tokens}"
+            )
         if self.replica_cpus <= 0 or self.ingress_replicas < 1:
             raise ValueError("replica_cpus must be positive and ingress_replicas >= 1")
 
@@ -64,7 +71,7 @@ def cluster_options(opts: dict) -> ClusterOptions | None:
     if opts.get("replicas") is None and opts.get("ray_address") is None:
         return None
     kw = {"replicas": 1 if opts.get("replicas") is None else opts["replicas"]}
-    for key in ("max_replicas", "ray_address", "router"):
+    for key in ("max_replicas", "ray_address", "router", "prefix_margin_tokens"):
         if opts.get(key) is not None:
             kw[key] = opts[key]
     return ClusterOptions(**kw)
@@ -106,9 +113,12 @@ def build_app(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions):
     board = serve.deployment(Board).options(
         name="Board", num_replicas=1, ray_actor_options={"num_cpus": 0}
     )
+    router_kw = {"router": opts.router, "hold_s": 2 * opts.stats_period_s}
+    if opts.prefix_margin_tokens is not None:
+        router_kw["prefix_margin_tokens"] = opts.prefix_margin_tokens
     router = RequestRouterConfig(
         request_router_class=TierRequestRouter,
-        request_router_kwargs={"router": opts.router, "hold_s": 2 * opts.stats_period_s},
+        request_router_kwargs=router_kw,
         request_routing_stats_period_s=opts.stats_period_s,
         request_routing_stats_timeout_s=5.0,
     )
