@@ -4,6 +4,7 @@ RemoteEngine's retry rules (against fake replica streams), and the request route
 glue (against fake replicas)."""
 
 import asyncio
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -178,6 +179,8 @@ def stats(rid, **kw) -> ReplicaStats:
         max_seats=4,
         outstanding_tokens=0,
     )
+    if "max_step_tokens" in {f.name for f in dataclasses.fields(ReplicaStats)}:
+        base["max_step_tokens"] = 512  # a field the routing branch adds
     base.update(kw)
     return ReplicaStats(**base)
 

@@ -133,14 +133,15 @@ class EngineReplica:
     async def generate(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         req = wire.request_from_payload(payload, self.engine.core.clock.now())
         reason, rank = wire.chosen_reason(payload, self.replica_id)
-        yield wire.hello(self.replica_id, reason, rank)
         try:
-            stream = self.engine.submit(req)
+            stream = self.engine.submit(req)  # in the engine's command queue from here on
         except EngineDeadError as exc:
+            yield wire.hello(self.replica_id, reason, rank)
             yield wire.delta_chunk(
                 StreamDelta(finished=True, finish_reason="error", error=str(exc))
             )
             return
+        yield wire.hello(self.replica_id, reason, rank)
         async for d in self.engine.deltas(stream):
             yield wire.delta_chunk(d)
 
