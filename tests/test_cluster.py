@@ -55,6 +55,11 @@ def board_view() -> dict:
     return serve.get_deployment_handle("Board", APP_NAME).view.remote().result()
 
 
+def engines_idle() -> bool:
+    reps = board_view()["replicas"]
+    return all(sum(x["load"]["running"]) + sum(x["load"]["waiting"]) == 0 for x in reps.values())
+
+
 def wait_for(what, check, timeout=90.0, every=0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -191,6 +196,35 @@ def test_p0_lands_on_the_replica_full_of_p3(cluster):
     finally:
         for g in fills:
             g.cancel()
+        wait_for("the fill requests aborted", engines_idle, timeout=30)
+
+
+def test_a_client_leaving_mid_stream_aborts_its_request_on_the_replica(cluster):
+    wait_for("idle engines", engines_idle, timeout=30)
+    # replica metrics arrive about once a second: the abort count before, once it is steady
+    counts = [metric(cluster, "llm_requests_total", finish_reason="abort")]
+    for _ in range(20):
+        time.sleep(1.5)
+        counts.append(metric(cluster, "llm_requests_total", finish_reason="abort"))
+        if counts[-1] == counts[-2]:
+            break
+    aborted = counts[-1]
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "stream": True}
+    body["ignore_eos"] = True
+    with httpx.stream("POST", f"{cluster}/v1/completions", json=body, timeout=60) as r:
+        got = []
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                got.append(line)
+            if len(got) == 3:
+                break
+    assert len(got) == 3
+    wait_for("the replica to abort it", engines_idle, timeout=30)
+    wait_for(
+        "the abort counted",
+        lambda: metric(cluster, "llm_requests_total", finish_reason="abort") == aborted + 1,
+        timeout=15,
+    )
 
 
 # -- faults (last: it kills a replica) ----------------------------------------------------------

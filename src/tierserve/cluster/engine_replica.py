@@ -141,9 +141,15 @@ class EngineReplica:
                 StreamDelta(finished=True, finish_reason="error", error=str(exc))
             )
             return
-        yield wire.hello(self.replica_id, reason, rank)
-        async for d in self.engine.deltas(stream):
-            yield wire.delta_chunk(d)
+        done = False
+        try:
+            yield wire.hello(self.replica_id, reason, rank)
+            async for d in self.engine.deltas(stream):
+                done = d.finished
+                yield wire.delta_chunk(d)
+        finally:
+            if not done:  # cancelled, even before deltas() began: free its KV now
+                self.engine.abort(req.request_id, "stream cancelled")
 
     async def _report_loop(self) -> None:
         last_metrics = 0.0
