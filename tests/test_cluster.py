@@ -1,6 +1,8 @@
-"""The Ray Serve deployment end to end: a local Ray on loopback (temp dir, no dashboard), one
+"""The Ray Serve deployment end to end: a local Ray (HTTP on loopback, temp dir, no dashboard), one
 ingress and two engine replicas of the embedded model with few seats, driven by the official
-`openai` client and by httpx. One cluster for the whole session; the replica-kill test runs last.
+`openai` client and by httpx. One cluster, started once: module-scoped, the only module that uses
+it, so Ray stops as soon as these tests end instead of idling beside the rest of the suite (the
+replica-kill test runs last).
 """
 
 import concurrent.futures
@@ -32,7 +34,7 @@ MODEL = "SmolLM2-135M-Instruct"
 SEATS = 4
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster():
     opts = ClusterOptions(replicas=2, replica_cpus=0.5, stats_period_s=0.2)
     temp_dir = start_ray(opts, log_to_driver=False)
