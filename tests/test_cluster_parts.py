@@ -451,3 +451,15 @@ def test_max_replicas_deploys_the_class_policy_through_ray_serves_hook():
         policy_state={},
     )
     assert policy(ctx)[0] == 2
+
+
+def test_each_of_k_ingress_replicas_holds_a_kth_of_every_bucket():
+    pytest.importorskip("ray")
+    from tierserve.cluster.ingress import split_admission, split_bucket
+    from tierserve.config import AdmissionConfig, BucketConfig
+
+    cfg = AdmissionConfig(global_bucket=BucketConfig(1000, 4000), tenant_bucket=None)
+    share = split_admission(cfg, 4)
+    assert share.global_bucket == BucketConfig(250, 1000) and share.tenant_bucket is None
+    assert share.max_queued_requests == cfg.max_queued_requests  # queue limits are cluster-wide
+    assert split_bucket(BucketConfig(10, 20), 1) == BucketConfig(10, 20)
