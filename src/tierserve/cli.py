@@ -154,15 +154,22 @@ def _fidelity(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from tierserve.cluster.launch import cluster_options
     from tierserve.serve_cli import build_configs, merged_options
     from tierserve.server import serve, tenant_registry
 
     try:  # every settings file is read and checked before the model loads
-        engine_args, settings = build_configs(merged_options(args))
+        opts = merged_options(args)
+        engine_args, settings = build_configs(opts)
         tenants = tenant_registry(settings)
+        cluster = cluster_options(opts)
     except (ValueError, TypeError) as exc:
         print(f"tierserve serve: {exc}", file=sys.stderr)
         return 2
+    if cluster is not None:  # --replicas / --ray-address: Ray Serve (tierserve.cluster)
+        from tierserve.cluster.launch import serve_cluster
+
+        return serve_cluster(engine_args, settings, cluster)
     return serve(engine_args, settings, tenants)
 
 

@@ -94,6 +94,11 @@ OPTIONS = [
         "(default: exclusive on cpu, decode on cuda)",
     ),
     ("--log-level", str, None, "debug | info | warning (info)"),
+    ("--replicas", int, None, "serve N engine replicas on Ray Serve (default: one process)"),
+    ("--max-replicas", int, None, "autoscale the engine replicas up to this many, by class"),
+    ("--ray-address", str, None, "join this Ray cluster instead of starting a local one"),
+    ("--router", str, None, "replica router: priority-aware | least-loaded | ... (cluster)"),
+    ("--prefix-margin-tokens", int, None, "router: prefix affinity's load margin (4096)"),
 ]
 SWITCHES = [
     ("--no-prefix-caching", "disable prefix caching"),

@@ -1,0 +1,99 @@
+"""Autoscaling by class: scale out when P0 (then P1) is at risk, not on total ongoing requests.
+
+Every engine replica exports, through Ray Serve's ``record_autoscaling_stats``, its per-class
+wait ratio and SLA attainment (``signals.py``). Ray Serve averages each metric per replica over
+``look_back_period_s`` and calls the deployment's custom policy (``AutoscalingConfig.policy``,
+this module's ``ClassAutoscalingPolicy``) with them. The decision, ``desired_replicas``, is a
+pure function:
+
+* **out** by ``step`` when any replica has P0 at risk: its wait ratio at or above
+  ``p0_wait_ratio`` (waiting for a first token longer than that fraction of the P0 SLA) or its
+  attainment below ``p0_min_attainment``;
+* otherwise **out** when P1 is at risk the same way (``p1_*`` thresholds) on *most* replicas
+  (more than half): P1 is routed to the least-queued replica, so one hot replica is the
+  router's job, not the autoscaler's;
+* **in** by one when every replica is quiet: P0 and P1 wait ratios below ``quiet_ratio`` and no
+  P0 or P1 request waiting;
+* otherwise stay.
+
+Ray Serve then applies its own bounds (min/max replicas) and delays (``upscale_delay_s``,
+``downscale_delay_s``) to what the policy returns. Ray-free: the policy reads the context it
+is given duck-typed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    p0_wait_ratio: float = 0.5
+    p0_min_attainment: float = 0.95
+    p1_wait_ratio: float = 0.8
+    p1_min_attainment: float = 0.90
+    quiet_ratio: float = 0.1
+    step: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("p0_wait_ratio", "p1_wait_ratio", "quiet_ratio"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("p0_min_attainment", "p1_min_attainment"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
+        if self.step < 1:
+            raise ValueError(f"step must be >= 1, got {self.step}")
+
+
+def _at_risk(m: Mapping[str, float], k: str, ratio: float, attainment: float) -> bool:
+    return m.get(f"{k}_wait_ratio", 0.0) >= ratio or m.get(f"{k}_sla_attainment", 1.0) < attainment
+
+
+def desired_replicas(
+    per_replica: Mapping[str, Mapping[str, float]], current: int, cfg: ScaleConfig
+) -> tuple[int, str]:
+    """(replica count wanted, why) from each replica's metrics (see the module docstring)."""
+    if not per_replica:
+        return current, "no-metrics"
+    ms = list(per_replica.values())
+    if any(_at_risk(m, "p0", cfg.p0_wait_ratio, cfg.p0_min_attainment) for m in ms):
+        return current + cfg.step, "p0-at-risk"
+    p1 = sum(_at_risk(m, "p1", cfg.p1_wait_ratio, cfg.p1_min_attainment) for m in ms)
+    if 2 * p1 > len(ms):
+        return current + cfg.step, "p1-at-risk"
+    quiet = all(
+        m.get(f"{k}_wait_ratio", 0.0) < cfg.quiet_ratio and m.get(f"{k}_waiting", 0.0) == 0
+        for m in ms
+        for k in ("p0", "p1")
+    )
+    if quiet and current > 1:
+        return current - 1, "quiet"
+    return current, "steady"
+
+
+def by_replica(aggregated: Mapping[str, Mapping[Any, float]] | None) -> dict[str, dict[str, float]]:
+    """Ray Serve's ``{metric: {replica: value}}`` turned into ``{replica: {metric: value}}``."""
+    out: dict[str, dict[str, float]] = {}
+    for name, values in (aggregated or {}).items():
+        for rid, v in values.items():
+            out.setdefault(str(rid), {})[name] = float(v)
+    return out
+
+
+class ClassAutoscalingPolicy:
+    """The custom policy Ray Serve calls (``AutoscalingPolicy(policy_function=<this class>,
+    policy_kwargs=<ScaleConfig fields>)``); it returns (replicas, policy state)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.config = ScaleConfig(**kwargs)
+
+    def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
+        n, why = desired_replicas(
+            by_replica(ctx.aggregated_metrics), ctx.current_num_replicas, self.config
+        )
+        state = dict(ctx.policy_state or {})
+        state["tierserve_last_decision"] = why
+        return n, state

@@ -1,0 +1,171 @@
+"""The engine deployment: each Ray Serve replica runs one ``AsyncEngine`` with its own executor
+and KV cache, exactly as the single-process server does.
+
+What a replica exports, all built on its engine thread when the engine publishes a snapshot
+(after every step, command batch and idle tick, at most every ``STATS_EVERY_S``), and handed to
+the event loop as one immutable ``_Report`` by a reference swap:
+
+* ``record_routing_stats`` (Ray Serve polls it for the request router): ``ReplicaStats``;
+* ``record_autoscaling_stats`` (Ray Serve's autoscaler): per-class wait ratio and SLA
+  attainment (``signals.py``);
+* to the fleet board, pushed every ``report_period_s``: the queue load the ingress's admission
+  control reads, and, about once a second, the replica's Prometheus text.
+
+``generate`` streams a request's chunks (wire.py): ``hello`` first (this replica and the reason
+the router chose it), then the engine's deltas. A cancelled stream (the ingress gave up, the
+client left) aborts the request, which frees its KV blocks. A dead engine thread fails the
+health check, and Serve replaces the replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ray import serve
+
+from tierserve.cluster import wire
+from tierserve.cluster.fleet import ReplicaLoad
+from tierserve.cluster.signals import ClassSignals, ClassWindow
+from tierserve.engine.args import EngineArgs
+from tierserve.engine.async_engine import AsyncEngine, EngineDeadError, StreamDelta
+from tierserve.engine.builder import build_engine
+from tierserve.engine.snapshot import EngineSnapshot
+from tierserve.metrics import Metrics
+from tierserve.request import Request
+from tierserve.routing import ReplicaStats, replica_stats
+
+log = logging.getLogger("tierserve.cluster")
+
+STATS_EVERY_S = 0.05
+METRICS_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class _Report:
+    stats: ReplicaStats
+    signals: ClassSignals
+    load: ReplicaLoad
+
+
+class EngineReplica:
+    async def __init__(
+        self, args: EngineArgs, board: Any, report_period_s: float = 0.25, threads: int = 1
+    ) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.built = built = build_engine(args)
+        core = built.engine
+        self.metrics = Metrics(args.priorities)
+        self.window = ClassWindow(args.priorities.ttft_sla_s)  # engine thread only
+        self.engine = AsyncEngine(core, built.tokenizer)
+        self._last_stats = 0.0  # engine thread only
+        self._make_report(self.engine.snapshot)
+        self.engine.set_observers(self._on_event, self._on_step, self._on_snapshot)
+        self.engine.start()
+        self._board = board
+        self._period = report_period_s
+        self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
+        log.info("engine replica %s ready", self.replica_id)
+
+    # -- the engine thread ----------------------------------------------------------------------
+    def _on_event(self, kind: str, req: Request) -> None:
+        if kind == "added":
+            self.window.on_added(req.request_id, req.base_priority, req.arrival_time)
+        elif kind == "first_token":
+            self.metrics.on_first_token(req)
+            t = req.first_token_time
+            self.window.on_first_token(req.request_id, req.base_priority, t - req.arrival_time, t)
+        elif kind == "finished":
+            self.metrics.on_finished(req)
+            self.window.on_finished(req.request_id)
+
+    def _on_step(self, stats) -> None:
+        self.metrics.on_step(stats, self.built.executor.last_swap_seconds)
+        for prio, reason in stats.preemptions:
+            self.metrics.on_preempted(prio, reason)
+
+    def _on_snapshot(self, snap: EngineSnapshot) -> None:
+        self.metrics.on_snapshot(snap)
+        if snap.taken_at - self._last_stats >= STATS_EVERY_S:
+            self._make_report(snap)
+
+    def _make_report(self, snap: EngineSnapshot) -> None:
+        core = self.engine.core
+        self._last_stats = snap.taken_at
+        self.report = _Report(  # one reference swap; the event loop reads it whole
+            replica_stats(core, self.replica_id),
+            self.window.summary(core.clock.now()),
+            ReplicaLoad.of(snap),
+        )
+
+    # -- Ray Serve hooks (event loop) ---------------------------------------------------------
+    async def record_routing_stats(self) -> dict[str, Any]:
+        return self.report.stats.to_dict()
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        return self.report.signals.autoscaling_metrics()
+
+    async def check_health(self) -> None:
+        if not self.engine.is_alive():
+            raise RuntimeError(f"engine thread is not running: {self.engine.error!r}")
+
+    async def spec(self) -> dict[str, Any]:
+        """What the ingress needs to prepare requests without a model of its own."""
+        tok = self.built.tokenizer
+        return {
+            "tokenizer": tok.tokenizer.to_str(),
+            "chat_template": tok.chat_template,
+            "bos_token": tok.bos_token,
+            "eos_token": tok.eos_token,
+            "add_bos": tok.add_bos,
+            "limits": asdict(self.engine.limits),
+            "eos_token_ids": list(self.built.model_config.eos_token_ids),
+        }
+
+    async def generate(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        req = wire.request_from_payload(payload, self.engine.core.clock.now())
+        reason, rank = wire.chosen_reason(payload, self.replica_id)
+        try:
+            stream = self.engine.submit(req)  # in the engine's command queue from here on
+        except EngineDeadError as exc:
+            yield wire.hello(self.replica_id, reason, rank)
+            yield wire.delta_chunk(
+                StreamDelta(finished=True, finish_reason="error", error=str(exc))
+            )
+            return
+        done = False
+        try:
+            yield wire.hello(self.replica_id, reason, rank)
+            async for d in self.engine.deltas(stream):
+                done = d.finished
+                yield wire.delta_chunk(d)
+        finally:
+            if not done:  # cancelled, even before deltas() began: free its KV now
+                self.engine.abort(req.request_id, "stream cancelled")
+
+    async def _report_loop(self) -> None:
+        last_metrics = 0.0
+        while True:
+            now = time.monotonic()
+            text = None
+            if now - last_metrics >= METRICS_EVERY_S:
+                text, last_metrics = self.metrics.render().decode(), now
+            try:
+                await self._board.report.remote(self.replica_id, self.report.load.to_dict(), text)
+            except Exception as exc:  # the board restarting: report again next period
+                log.warning("fleet board report failed: %r", exc)
+                last_metrics = 0.0
+            await asyncio.sleep(self._period)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._reporter.cancel()
+            self.engine.shutdown()

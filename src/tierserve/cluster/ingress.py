@@ -1,0 +1,133 @@
+"""The ingress deployment: the single-process server's FastAPI app (``api/``: auth, tenants, tier
+resolution, admission, OpenAI routes, SSE) over a ``RemoteEngine`` instead of a local engine.
+
+It holds no model: the tokenizer, the request limits and the EOS ids come from an engine
+replica's ``spec`` when the ingress starts. A background task pulls the fleet board's view
+every ``view_period_s`` and hands it to the RemoteEngine whole.
+
+Rate limits are split across ingress replicas: with K ingress replicas, each holds every token
+bucket (global, per-tenant default, each tenant's own) at rate/K and burst/K. Ray Serve's proxy
+spreads HTTP requests over ingress replicas evenly, so the cluster admits about what one bucket
+at the full rate would; K = 1 (the default) is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from typing import Any
+
+from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from tokenizers import Tokenizer
+
+from tierserve.admission import AdmissionController
+from tierserve.api.app import create_app
+from tierserve.api.settings import ServerSettings
+from tierserve.api.state import ServerState
+from tierserve.clock import WallClock
+from tierserve.cluster.fleet import FleetView
+from tierserve.cluster.observe import IngressMetrics
+from tierserve.cluster.remote_engine import RemoteEngine
+from tierserve.config import AdmissionConfig, BucketConfig
+from tierserve.core.limits import RequestLimits
+from tierserve.engine.args import EngineArgs
+from tierserve.model.tokenizer import ChatTokenizer
+from tierserve.server import tenant_registry
+
+log = logging.getLogger("tierserve.cluster")
+
+
+def is_replica_failure(exc: BaseException) -> bool:
+    """A stream broke because its replica's process is gone or unreachable."""
+    return isinstance(exc, RayActorError | ActorDiedError | ActorUnavailableError)
+
+
+def split_bucket(b: BucketConfig | None, k: int) -> BucketConfig | None:
+    return None if b is None else BucketConfig(b.rate / k, b.burst / k)
+
+
+def split_admission(cfg: AdmissionConfig, k: int) -> AdmissionConfig:
+    """This ingress replica's share of the cluster's rate limits (see the module docstring)."""
+    return dataclasses.replace(
+        cfg,
+        global_bucket=split_bucket(cfg.global_bucket, k),
+        tenant_bucket=split_bucket(cfg.tenant_bucket, k),
+    )
+
+
+@serve.ingress()
+class Ingress:
+    async def __init__(
+        self,
+        engine: Any,
+        board: Any,
+        args: EngineArgs,
+        settings: ServerSettings,
+        ingress_replicas: int = 1,
+        view_period_s: float = 0.25,
+    ) -> None:
+        spec = await engine.spec.remote()
+        tokenizer = ChatTokenizer(
+            Tokenizer.from_str(spec["tokenizer"]),
+            spec["chat_template"],
+            spec["bos_token"],
+            spec["eos_token"],
+            spec["add_bos"],
+        )
+        limits = RequestLimits(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in spec["limits"].items()}
+        )
+        clock = WallClock()
+        streaming = engine.options(stream=True)
+        self.remote = RemoteEngine(
+            lambda payload: streaming.generate.remote(payload),
+            limits,
+            clock,
+            IngressMetrics(lambda: self.remote.view.metrics),
+            is_replica_failure,
+        )
+        k = max(1, ingress_replicas)
+        admission = AdmissionController(
+            split_admission(args.admission, k), self.remote, clock, args.priorities
+        )
+        tenants = tenant_registry(settings)
+        for t in tenants.tenants.values():
+            if t.bucket is not None:
+                admission.set_tenant_bucket(t.name, split_bucket(t.bucket, k))
+        self.state = ServerState(
+            engine=self.remote,
+            tokenizer=tokenizer,
+            admission=admission,
+            tenants=tenants,
+            metrics=self.remote.metrics,
+            settings=settings,
+            max_model_len=limits.max_model_len,
+            eos_token_ids=tuple(spec["eos_token_ids"]),
+        )
+        self._board = board
+        self._period = view_period_s
+        await self._refresh()
+        self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    def __serve_build_asgi_app__(self):
+        return create_app(self.state)
+
+    async def _refresh(self) -> None:
+        view = FleetView.from_dict(await self._board.view.remote())
+        self.remote.set_view(view)
+        self.remote.metrics.replicas.set(view.num_replicas)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self._period)
+            try:
+                await self._refresh()
+            except Exception as exc:  # the board restarting: keep the last view
+                log.warning("fleet board view failed: %r", exc)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._poller.cancel()

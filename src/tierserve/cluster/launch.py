@@ -1,0 +1,210 @@
+"""``tierserve serve --replicas N``: start (or join) Ray, deploy the Serve application, serve
+until SIGINT/SIGTERM, tear down.
+
+The application has three deployments: ``Ingress`` (HTTP, api/), ``Engine`` (N replicas, each an
+AsyncEngine; the custom request router), and ``Board`` (the fleet board). ``--max-replicas M``
+lets the class-aware autoscaler move the engine count between N and M.
+
+A local Ray (no ``--ray-address``) runs on loopback in a fresh temp dir, without the dashboard,
+and is shut down on exit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from dataclasses import dataclass, field
+
+from tierserve.api.settings import ServerSettings
+from tierserve.cluster.autoscale import ScaleConfig
+from tierserve.engine.args import EngineArgs
+from tierserve.routing import ROUTER_NAMES
+
+log = logging.getLogger("tierserve.cluster")
+
+APP_NAME = "tierserve"
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    replicas: int = 2
+    max_replicas: int | None = None  # autoscale the engine between replicas and max_replicas
+    ray_address: str | None = None  # join this cluster instead of starting a local Ray
+    router: str = "priority-aware"
+    # Prefix affinity's load margin in tokens (None: RoutingConfig's default, shared with the
+    # simulator). Queued tokens cost far more time on a CPU replica than on a GPU one.
+    prefix_margin_tokens: int | None = None
+    replica_cpus: float = 1.0  # Ray CPUs per engine replica (fractions allowed)
+    ingress_replicas: int = 1
+    stats_period_s: float = 0.2  # record_routing_stats period
+    report_period_s: float = 0.25  # replica -> fleet board, and ingress <- board
+    health_check_period_s: float = 2.0
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"--replicas must be at least 1, got {self.replicas}")
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise ValueError(
+                f"--max-replicas ({self.max_replicas}) must be >= --replicas ({self.replicas})"
+            )
+        if self.router not in ROUTER_NAMES:
+            raise ValueError(
+                f"unknown router {self.router!r}; choose one of {', '.join(ROUTER_NAMES)}"
+            )
+        if self.prefix_margin_tokens is not None and self.prefix_margin_tokens < 0:
+            raise ValueError(
+                f"--prefix-margin-tokens must be >= 0, got {self.prefix_margin_tokens}"
+            )
+        if self.replica_cpus <= 0 or self.ingress_replicas < 1:
+            raise ValueError("replica_cpus must be positive and ingress_replicas >= 1")
+
+
+def cluster_options(opts: dict) -> ClusterOptions | None:
+    """The cluster settings among `tierserve serve`'s merged options; None: single process."""
+    if opts.get("replicas") is None and opts.get("ray_address") is None:
+        return None
+    kw = {"replicas": 1 if opts.get("replicas") is None else opts["replicas"]}
+    for key in ("max_replicas", "ray_address", "router", "prefix_margin_tokens"):
+        if opts.get(key) is not None:
+            kw[key] = opts[key]
+    return ClusterOptions(**kw)
+
+
+def _scaling(opts: ClusterOptions) -> dict:
+    if opts.max_replicas is None or opts.max_replicas == opts.replicas:
+        return {"num_replicas": opts.replicas}
+    from ray.serve.config import AutoscalingConfig, AutoscalingPolicy
+
+    from tierserve.cluster.autoscale import ClassAutoscalingPolicy
+
+    policy = AutoscalingPolicy(
+        policy_function=ClassAutoscalingPolicy, policy_kwargs=dataclasses.asdict(opts.scale)
+    )
+    return {
+        "autoscaling_config": AutoscalingConfig(
+            min_replicas=opts.replicas,
+            initial_replicas=opts.replicas,
+            max_replicas=opts.max_replicas,
+            look_back_period_s=15.0,
+            upscale_delay_s=5.0,
+            downscale_delay_s=120.0,
+            policy=policy,
+        )
+    }
+
+
+def build_app(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions):
+    """The bound Serve application (Ingress -> Engine, both -> Board)."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from tierserve.cluster.board import Board
+    from tierserve.cluster.engine_replica import EngineReplica
+    from tierserve.cluster.ingress import Ingress
+    from tierserve.cluster.router import TierRequestRouter
+
+    board = serve.deployment(Board).options(
+        name="Board", num_replicas=1, ray_actor_options={"num_cpus": 0}
+    )
+    router_kw = {"router": opts.router, "hold_s": 2 * opts.stats_period_s}
+    if opts.prefix_margin_tokens is not None:
+        router_kw["prefix_margin_tokens"] = opts.prefix_margin_tokens
+    router = RequestRouterConfig(
+        request_router_class=TierRequestRouter,
+        request_router_kwargs=router_kw,
+        request_routing_stats_period_s=opts.stats_period_s,
+        request_routing_stats_timeout_s=5.0,
+    )
+    engine = serve.deployment(EngineReplica).options(
+        name="Engine",
+        max_ongoing_requests=100_000,  # our admission control and scheduler do the limiting
+        ray_actor_options={"num_cpus": opts.replica_cpus},
+        request_router_config=router,
+        health_check_period_s=opts.health_check_period_s,
+        health_check_timeout_s=30.0,
+        graceful_shutdown_timeout_s=settings.shutdown_grace_s,
+        **_scaling(opts),
+    )
+    ingress = serve.deployment(Ingress).options(
+        name="Ingress",
+        num_replicas=opts.ingress_replicas,
+        max_ongoing_requests=100_000,
+        ray_actor_options={"num_cpus": 0},
+        graceful_shutdown_timeout_s=settings.shutdown_grace_s,
+    )
+    b = board.bind()
+    threads = max(1, math.floor(opts.replica_cpus))
+    e = engine.bind(args, b, opts.report_period_s, threads)
+    return ingress.bind(e, b, args, settings, opts.ingress_replicas, opts.report_period_s)
+
+
+def start_ray(opts: ClusterOptions, temp_dir: str | None = None, **ray_kw) -> str | None:
+    """Join `opts.ray_address`, or start a local Ray on loopback in a new temp dir (returned,
+    for the caller to remove after ``ray.shutdown()``)."""
+    import ray
+
+    if opts.ray_address:
+        ray.init(address=opts.ray_address, **ray_kw)
+        return None
+    temp_dir = temp_dir or tempfile.mkdtemp(prefix="tsray-")
+    # Logical CPUs: enough for every replica at its share, even on a small machine (the
+    # replicas then share the cores, as the single-process engine and its clients do).
+    need = opts.ingress_replicas + (opts.max_replicas or opts.replicas) * opts.replica_cpus
+    ray.init(
+        address="local",
+        num_cpus=max(os.cpu_count() or 1, math.ceil(need)),
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        _temp_dir=temp_dir,
+        **ray_kw,
+    )
+    return temp_dir
+
+
+def deploy(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions) -> None:
+    """Start Serve's HTTP proxy on settings.host:port and run the application (blocks until
+    every deployment is healthy)."""
+    from ray import serve
+
+    # Serve's per-call access log would log every board report; our own loggers still log.
+    logs = {"log_level": settings.log_level.upper(), "enable_access_log": False}
+    serve.start(http_options={"host": settings.host, "port": settings.port}, logging_config=logs)
+    serve.run(build_app(args, settings, opts), name=APP_NAME, route_prefix="/", logging_config=logs)
+
+
+def serve_cluster(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions) -> int:
+    import ray
+    from ray import serve
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
+    stop = threading.Event()
+    temp_dir = start_ray(opts)
+    try:
+        # After ray.init, which installs handlers of its own: a signal stops serving cleanly.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        deploy(args, settings, opts)
+        log.info(
+            "serving on http://%s:%d with %d engine replicas (router %s)",
+            settings.host,
+            settings.port,
+            opts.replicas,
+            opts.router,
+        )
+        stop.wait()
+        log.info("shutting down")
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+    return 0

@@ -1,0 +1,252 @@
+"""RemoteEngine: the ingress's stand-in for ``AsyncEngine``, over the engine replicas.
+
+The API layer (``api/``: auth, tenants, tiers, admission, SSE) runs unchanged on a cluster
+ingress; it calls ``submit``/``deltas``, reads ``limits`` and ``core.clock``, and admission
+reads the queue view (``queue_depth``, ``queued_tokens``, ``can_shed``, ``dequeued``). Here a
+submitted request is streamed from an engine replica chosen by the request router, through a
+Ray Serve deployment handle (``open_stream``, injected so tests can fake it).
+
+Faults. A stream that breaks because its replica died (``is_replica_failure``) is sent again,
+to another replica (the dead one is named in ``avoid``), if it has not streamed a token yet;
+after a token it ends with an error delta (the API turns that into an error chunk and
+``[DONE]``). Any other exception also ends the stream with an error delta. Every stream ends
+with exactly one terminal delta; leaving ``deltas`` early (client gone) cancels the remote
+generator, which aborts the request on its replica and frees its KV blocks.
+
+Queue view. The fleet board's latest ``FleetView`` (refreshed by the ingress a few times a
+second; ``view`` is replaced whole, never mutated) plus what this ingress has sent that no
+replica has acknowledged yet (a replica acknowledges with its ``hello`` chunk, once the request
+is in its engine's command queue). Shedding a lower-class waiter for P0 is a per-engine command
+no replica could be sent here, so ``can_shed`` is always False: a P0 request that finds the
+cluster's P0 queue full is refused like the others (docs/scale-out.md).
+
+All of this runs on the ingress's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tierserve.clock import Clock
+from tierserve.cluster import wire
+from tierserve.cluster.fleet import FleetView
+from tierserve.core.limits import RequestLimits
+from tierserve.engine.async_engine import EngineDeadError, StreamDelta
+from tierserve.priority import NUM_PRIORITIES, Priority
+from tierserve.request import Request
+from tierserve.routing import RouteRequest
+
+log = logging.getLogger("tierserve.cluster")
+
+MAX_RETRIES = 2
+
+
+class ChunkStream(Protocol):
+    """A remote generator of chunks (Ray Serve's ``DeploymentResponseGenerator``)."""
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
+
+    def cancel(self) -> None: ...
+
+
+class StreamEnded(Exception):
+    """A replica's stream stopped without a final chunk."""
+
+
+@dataclass
+class _CoreClock:
+    clock: Clock  # api/state.py stamps arrivals with ``engine.core.clock``
+
+
+@dataclass
+class RemoteStream:
+    request: Request
+    route: RouteRequest
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    task: asyncio.Task | None = None
+    replica: str | None = None
+    sent_tokens: int = 0
+    acked: bool = False
+    done: bool = False
+
+
+class RemoteEngine:
+    def __init__(
+        self,
+        open_stream: Callable[[dict[str, Any]], ChunkStream],
+        limits: RequestLimits,
+        clock: Clock,
+        metrics: Any,
+        is_replica_failure: Callable[[BaseException], bool],
+        max_retries: int = MAX_RETRIES,
+    ) -> None:
+        self._open_stream = open_stream
+        self.limits = limits
+        self.core = _CoreClock(clock)
+        self.metrics = metrics
+        self._is_failure = is_replica_failure
+        self.max_retries = max_retries
+        self.view = FleetView()
+        self.heartbeat = time.monotonic()
+        self._closed = False
+        self._open: dict[str, RemoteStream] = {}
+        self._unacked = [0] * NUM_PRIORITIES
+        self._unacked_tokens = [0] * NUM_PRIORITIES
+
+    # -- lifecycle (as AsyncEngine) -----------------------------------------------------------
+    def start(self) -> None:
+        pass  # the replicas run the engines
+
+    def is_alive(self) -> bool:
+        return not self._closed
+
+    def num_in_flight(self) -> int:
+        return len(self._open)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._closed = True
+        for s in list(self._open.values()):
+            if s.task is not None:
+                s.task.cancel()
+
+    def set_view(self, view: FleetView) -> None:
+        self.view = view
+        if view.num_replicas:
+            self.heartbeat = time.monotonic()
+
+    # -- queue view for admission control -----------------------------------------------------
+    def queue_depth(self, priority: Priority) -> int:
+        v = self.view
+        waiting = v.waiting
+        own = waiting[priority] + self._unacked[priority]
+        everyone = sum(waiting) + sum(self._unacked)
+        free = max(0, v.seats - sum(v.running) - (everyone - own))
+        return max(0, own - free)
+
+    def queued_tokens(self, priority: Priority) -> int:
+        return self.view.waiting_tokens[priority] + self._unacked_tokens[priority]
+
+    def can_shed(self, below: Priority) -> bool:
+        return False
+
+    def shed(self, below: Priority, reason: str) -> None:
+        raise RuntimeError("a cluster ingress never sheds (can_shed is False)")
+
+    def dequeued(self, priority: Priority) -> tuple[int, int]:
+        return self.view.served(priority)
+
+    # -- requests -----------------------------------------------------------------------------
+    def submit(self, request: Request) -> RemoteStream:
+        if self._closed:
+            raise EngineDeadError("the ingress is shutting down")
+        route = RouteRequest.of(
+            request.prompt_token_ids, request.priority, self.limits.block_size, request.cache_salt
+        )
+        stream = RemoteStream(request, route)
+        self._open[request.request_id] = stream
+        self._count(stream, +1)
+        stream.task = asyncio.create_task(self._pump(stream))
+        return stream
+
+    async def deltas(self, stream: RemoteStream) -> AsyncIterator[StreamDelta]:
+        done = False
+        try:
+            while True:
+                delta: StreamDelta = await stream.queue.get()
+                done = delta.finished
+                yield delta
+                if done:
+                    return
+        finally:
+            if not done and stream.task is not None:
+                stream.task.cancel()  # cancels the remote generator: the replica aborts it
+
+    def _count(self, stream: RemoteStream, sign: int) -> None:
+        p = stream.request.priority
+        self._unacked[p] += sign
+        self._unacked_tokens[p] += sign * stream.request.num_prompt_tokens
+        stream.acked = sign < 0
+
+    def _put(self, stream: RemoteStream, delta: StreamDelta) -> None:
+        if not stream.done:
+            stream.done = delta.finished
+            stream.queue.put_nowait(delta)
+
+    def _end(self, stream: RemoteStream, reason: str, error: str) -> None:
+        req = stream.request
+        self._put(
+            stream,
+            StreamDelta(
+                finished=True,
+                finish_reason=reason,
+                error=error,
+                num_prompt_tokens=req.num_prompt_tokens,
+                num_output_tokens=stream.sent_tokens,
+            ),
+        )
+
+    async def _pump(self, stream: RemoteStream) -> None:
+        avoid: list[str] = []
+        try:
+            for attempt in range(self.max_retries + 1):
+                err = await self._attempt(stream, avoid)
+                if err is None:
+                    return
+                lost = stream.replica or "unknown"
+                retry = stream.sent_tokens == 0 and attempt < self.max_retries
+                self.metrics.on_replica_failure(retry and not self._closed)
+                log.warning("replica %s failed under %s: %r", lost, stream.request.request_id, err)
+                if not retry or self._closed:
+                    self._end(
+                        stream,
+                        "error",
+                        f"engine replica {lost} failed after streaming {stream.sent_tokens} "
+                        f"tokens ({type(err).__name__}); the response is incomplete",
+                    )
+                    return
+                if stream.replica:
+                    avoid.append(stream.replica)
+                stream.replica = None
+                if stream.acked:
+                    self._count(stream, +1)
+        except asyncio.CancelledError:
+            self._end(stream, "abort", "client disconnected")
+            raise
+        except Exception as exc:  # not a replica failure: end this stream, keep serving
+            log.exception("stream %s failed", stream.request.request_id)
+            self._end(stream, "error", f"engine error: {exc!r}")
+        finally:
+            if not stream.acked:
+                self._count(stream, -1)
+            self._open.pop(stream.request.request_id, None)
+
+    async def _attempt(self, stream: RemoteStream, avoid: list[str]) -> BaseException | None:
+        """Stream one try; None when it finished, the failure when its replica failed."""
+        payload = wire.request_payload(stream.request, stream.route, tuple(avoid))
+        gen = self._open_stream(payload)
+        try:
+            async for chunk in gen:
+                if chunk["kind"] == wire.HELLO:
+                    stream.replica = chunk["replica"]
+                    if not stream.acked:
+                        self._count(stream, -1)
+                    self.metrics.on_routed(chunk["replica"], chunk["reason"])
+                    continue
+                delta = wire.chunk_delta(chunk)
+                stream.sent_tokens += len(delta.token_ids)
+                self._put(stream, delta)
+                if delta.finished:
+                    return None
+            return StreamEnded(f"the stream from replica {stream.replica} ended unfinished")
+        except asyncio.CancelledError:
+            gen.cancel()
+            raise
+        except Exception as exc:
+            if self._is_failure(exc):
+                return exc
+            raise

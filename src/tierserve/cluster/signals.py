@@ -1,0 +1,85 @@
+"""Per-class service signals a replica exports for autoscaling: how long each class waits for
+its first token, relative to its TTFT SLA, and how often it meets the SLA, over a recent window.
+
+``ClassWindow`` is fed from the engine thread's events (added, first token, finished) and read
+on the same thread when a snapshot is published; what it returns is immutable. Two waits count:
+the TTFTs of requests that got their first token within the window, and the age of requests that
+are still waiting for one -- a starved P0 queue produces no TTFT samples at all, but its age
+grows. A class's *wait ratio* is the larger of its P95 TTFT and its oldest waiter's age, over its
+SLA; its *attainment* is the fraction of the window's first tokens that came within the SLA (1.0
+with no samples).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from tierserve.priority import NUM_PRIORITIES, Priority
+
+WINDOW_S = 30.0
+
+
+def _p95(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(0.95 * len(s)))]
+
+
+@dataclass(frozen=True)
+class ClassSignals:
+    wait_ratio: tuple[float, ...]  # max(P95 TTFT, oldest waiter's age) / SLA; 0 without an SLA
+    attainment: tuple[float, ...]  # first tokens within SLA / first tokens, 1.0 without samples
+    samples: tuple[int, ...]
+    waiting: tuple[int, ...]  # requests still without a first token
+
+    def autoscaling_metrics(self) -> dict[str, float]:
+        """Flat floats for Ray Serve's ``record_autoscaling_stats``."""
+        out: dict[str, float] = {}
+        for p in Priority:
+            k = p.label.lower()
+            out[f"{k}_wait_ratio"] = float(self.wait_ratio[p])
+            out[f"{k}_sla_attainment"] = float(self.attainment[p])
+            out[f"{k}_waiting"] = float(self.waiting[p])
+        return out
+
+
+class ClassWindow:
+    def __init__(self, slas: tuple[float | None, ...], window_s: float = WINDOW_S) -> None:
+        if len(slas) != NUM_PRIORITIES:
+            raise ValueError(f"need {NUM_PRIORITIES} SLAs (P0..P3), got {slas}")
+        self.slas = slas
+        self.window_s = window_s
+        self._ttfts: list[deque[tuple[float, float]]] = [deque() for _ in range(NUM_PRIORITIES)]
+        self._pending: dict[str, tuple[Priority, float]] = {}  # no first token yet
+
+    def on_added(self, request_id: str, priority: Priority, arrival: float) -> None:
+        self._pending[request_id] = (priority, arrival)
+
+    def on_first_token(self, request_id: str, priority: Priority, ttft: float, now: float) -> None:
+        self._pending.pop(request_id, None)
+        self._ttfts[priority].append((now, ttft))
+
+    def on_finished(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+
+    def summary(self, now: float) -> ClassSignals:
+        oldest = [0.0] * NUM_PRIORITIES
+        waiting = [0] * NUM_PRIORITIES
+        for p, arrival in self._pending.values():
+            waiting[p] += 1
+            oldest[p] = max(oldest[p], now - arrival)
+        ratio, attain, n = [], [], []
+        for p in Priority:
+            q = self._ttfts[p]
+            while q and now - q[0][0] > self.window_s:
+                q.popleft()
+            ttfts = [t for _, t in q]
+            sla = self.slas[p]
+            wait = max(_p95(ttfts), oldest[p])
+            ratio.append(wait / sla if sla else 0.0)
+            met = sum(1 for t in ttfts if sla is None or t <= sla)
+            attain.append(met / len(ttfts) if ttfts else 1.0)
+            n.append(len(ttfts))
+        return ClassSignals(tuple(ratio), tuple(attain), tuple(n), tuple(waiting))

@@ -1,0 +1,107 @@
+"""What travels between the ingress and an engine replica: plain, picklable dicts.
+
+A request goes out as a *payload* (``request_payload``): the engine ``Request``'s fields, its
+deadline relative to its arrival (clocks differ between processes), and a ``route`` dict that
+the request router reads: the ``RouteRequest`` computed at the ingress, replicas to avoid (a
+retry after a replica died), an optional pin, and -- written by the router itself -- the
+ranking it chose from, so the replica can report why it was picked.
+
+A response comes back as *chunks*: first one ``hello`` naming the replica and the reason it was
+chosen, then one ``delta`` per ``StreamDelta``, the last one finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tierserve.engine.async_engine import StreamDelta
+from tierserve.priority import Priority
+from tierserve.request import Request
+from tierserve.routing import RouteRequest
+from tierserve.sampling_params import SamplingParams
+
+HELLO = "hello"
+DELTA = "delta"
+PINNED = "pinned"  # reason: the request named its replica
+UNRANKED = "unranked"  # reason: the replica was not in the router's ranking (no stats yet)
+
+
+def request_payload(
+    req: Request,
+    route: RouteRequest,
+    avoid: tuple[str, ...] = (),
+    pin: str | None = None,
+) -> dict[str, Any]:
+    sp = dataclasses.asdict(req.sampling_params)
+    return {
+        "request_id": req.request_id,
+        "prompt_token_ids": list(req.prompt_token_ids),
+        "sampling": sp,
+        "priority": int(req.priority),
+        "tenant": req.tenant,
+        "cache_salt": req.cache_salt,
+        "eos_token_id": req.eos_token_id,
+        "deadline_in_s": None if req.deadline is None else req.deadline - req.arrival_time,
+        "route": {
+            "priority": int(route.priority),
+            "prompt_tokens": route.prompt_tokens,
+            "prefix_hashes": list(route.prefix_hashes),
+            "avoid": list(avoid),
+            "pin": pin,
+        },
+    }
+
+
+def request_from_payload(p: dict[str, Any], now: float) -> Request:
+    """The engine Request on the replica, arriving at the replica's `now`."""
+    sp = dict(p["sampling"])
+    for key in ("stop", "stop_token_ids"):
+        sp[key] = tuple(sp[key])
+    deadline = p.get("deadline_in_s")
+    return Request(
+        p["request_id"],
+        list(p["prompt_token_ids"]),
+        SamplingParams(**sp),
+        priority=Priority(p["priority"]),
+        tenant=p["tenant"],
+        arrival_time=now,
+        deadline=None if deadline is None else now + deadline,
+        cache_salt=p.get("cache_salt"),
+        eos_token_id=p.get("eos_token_id"),
+    )
+
+
+def route_of(p: dict[str, Any]) -> tuple[RouteRequest, frozenset[str], str | None]:
+    """(the RouteRequest, replica ids to avoid, pinned replica id) of a payload."""
+    r = p["route"]
+    req = RouteRequest(Priority(r["priority"]), r["prompt_tokens"], tuple(r["prefix_hashes"]))
+    return req, frozenset(r.get("avoid") or ()), r.get("pin")
+
+
+def annotate(p: dict[str, Any], ranking: list[tuple[str, str]]) -> None:
+    """The router records its ranking (replica id, reason), best first, in the payload."""
+    p["route"]["ranking"] = [list(x) for x in ranking]
+
+
+def chosen_reason(p: dict[str, Any], replica_id: str) -> tuple[str, int]:
+    """(reason, rank) for the replica that received the payload: the reason the router gave
+    it and its place in the ranking (0 = the router's first choice; a later place means Ray
+    Serve passed over better-ranked replicas, e.g. at their max_ongoing_requests)."""
+    for i, (rid, reason) in enumerate(p["route"].get("ranking") or ()):
+        if rid == replica_id:
+            return reason, i
+    return UNRANKED, -1
+
+
+def hello(replica_id: str, reason: str, rank: int) -> dict[str, Any]:
+    return {"kind": HELLO, "replica": replica_id, "reason": reason, "rank": rank}
+
+
+def delta_chunk(d: StreamDelta) -> dict[str, Any]:
+    return {"kind": DELTA, **dataclasses.asdict(d)}
+
+
+def chunk_delta(c: dict[str, Any]) -> StreamDelta:
+    fields = {k: v for k, v in c.items() if k != "kind"}
+    return StreamDelta(**fields)
