@@ -45,7 +45,9 @@ def rel_err(a, b):
 
 
 def run_rows(model, ex, state, n):
-    b = build_batch({"r": state}, {"r": n}, 16, CPU)
+    if ex.states.get("r") is not state:
+        ex.add_state("r", state)
+    b = build_batch({"r": state}, {"r": n}, 16, ex.tables, segments=ex.kernel_attention)
     rows = torch.arange(b.input_ids.shape[0])
     out = model.forward(b.input_ids, b.positions, b.meta, ex.kv_caches, rows)
     state.num_computed += n

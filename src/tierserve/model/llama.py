@@ -4,6 +4,12 @@ Weights are held as plain tensors, fused where it saves matmul calls (q/k/v into
 gate/up into another) and stored transposed, ``[in, out]``, because ``x @ W_t`` is measurably
 faster than ``linear(x, W)`` for the small batch sizes of decoding on CPU BLAS. Logits are
 computed only for the rows that sample.
+
+On the CPU in float32 the compiled kernels (`tierserve.kernels`) take the products of up to
+`KERNEL_MAX_ROWS` rows (decode steps: BLAS is far from the memory and FMA bounds there) and all
+attention over cached context; larger products (prefill) stay with BLAS. ``kernels=False`` (or
+``TIERSERVE_KERNELS=off``) runs the pure-PyTorch path, the reference the kernels are tested
+against.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tierserve import kernels as _kernels
 from tierserve.model.attention import AttentionMetadata, paged_attention
 from tierserve.model.config import ModelConfig
 from tierserve.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
@@ -33,8 +40,7 @@ def _t(w: torch.Tensor) -> torch.Tensor:
     return w.t().contiguous()
 
 
-def _mm(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return torch.mm(x, w_t) if bias is None else torch.addmm(bias, x, w_t)
+KERNEL_MAX_ROWS = 128  # measured crossover with MKL: see docs/performance.md
 
 
 class LlamaModel:
@@ -44,10 +50,16 @@ class LlamaModel:
         weights,  # dict or LazyWeights; tensors are popped (taken over) as they are used
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        kernels: bool | None = None,  # None: use them where they apply and load
     ) -> None:
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
+        self.kernels = None
+        if kernels is not False and self.device.type == "cpu" and dtype == torch.float32:
+            self.kernels = _kernels.get()
+        if kernels and self.kernels is None:
+            raise RuntimeError("kernels=True, but the compiled kernels do not apply or load")
 
         def w(name: str) -> torch.Tensor:
             # Take ownership (pop) so the source's copy can be freed as the model is built.
@@ -85,6 +97,33 @@ class LlamaModel:
             self.device
         )
 
+    def uses_kernel_attention(self, block_size: int) -> bool:
+        c = self.config
+        return self.kernels is not None and self.kernels.attention_supported(
+            c.num_heads // c.num_kv_heads, c.head_dim, block_size
+        )
+
+    def _mm(self, x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = None):
+        if self.kernels is not None and x.shape[0] <= KERNEL_MAX_ROWS:
+            out = x.new_empty((x.shape[0], w_t.shape[1]))
+            self.kernels.linear_into(x, w_t, bias, out, False)
+            return out
+        return torch.mm(x, w_t) if bias is None else torch.addmm(bias, x, w_t)
+
+    def _mm_add_(self, x: torch.Tensor, a: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
+        """x + a @ w_t (the residual), in x's memory on the kernel path."""
+        if self.kernels is not None and x.shape[0] <= KERNEL_MAX_ROWS:
+            self.kernels.linear_into(a, w_t, None, x, True)
+            return x
+        return torch.addmm(x, a, w_t)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and x.shape[0] <= KERNEL_MAX_ROWS:
+            out = x.new_empty((x.shape[0], self.lm_head.shape[0]))
+            self.kernels.linear_nt_into(x, self.lm_head, out)
+            return out
+        return F.linear(x, self.lm_head)
+
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         c = self.config
         return (c.num_kv_heads, num_blocks, block_size, c.head_dim)
@@ -106,18 +145,19 @@ class LlamaModel:
         k_end = c.q_size + c.kv_size
         inter = c.intermediate_size
         heads = c.num_heads + c.num_kv_heads
+        ext = self.kernels if meta.segments is not None else None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             h = rms_norm(x, layer.ln_attn, c.rms_norm_eps)
-            qkv = _mm(h, layer.w_qkv, layer.b_qkv)
+            qkv = self._mm(h, layer.w_qkv, layer.b_qkv)
             # Queries and keys rotated together: one rope over [T, heads + kv_heads, D].
             qk = apply_rope(qkv[:, :k_end].view(t, heads, c.head_dim), cos, sin)
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             v = qkv[:, k_end:].view(t, c.num_kv_heads, c.head_dim)
-            attn = paged_attention(q, k, v, k_cache, v_cache, meta)
-            x = torch.addmm(x, attn.reshape(t, c.q_size), layer.w_o)  # residual in the GEMM
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, ext)
+            x = self._mm_add_(x, attn.reshape(t, c.q_size), layer.w_o)  # residual in the GEMM
             h = rms_norm(x, layer.ln_mlp, c.rms_norm_eps)
-            gu = _mm(h, layer.w_gate_up)
+            gu = self._mm(h, layer.w_gate_up)
             act = F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:])  # in gu's memory
-            x = torch.addmm(x, act, layer.w_down)
+            x = self._mm_add_(x, act, layer.w_down)
         x = rms_norm(x.index_select(0, logits_rows), self.norm, c.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()
+        return self._head(x).float()
