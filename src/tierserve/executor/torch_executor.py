@@ -98,7 +98,7 @@ class TorchExecutor:
         self.tables = BlockTables()
         self.kernel_attention = model.uses_kernel_attention(block_size)
         self.last_swap_seconds = (0.0, 0.0)  # (in, out) copy time of the last step
-        self.sampler = Sampler(dev, seed)
+        self.sampler = Sampler(dev, seed, model.kernels)
         self._costs = self._measure() if measure else None
 
     # -- cost figures for preemption -------------------------------------------------------

@@ -15,6 +15,7 @@ import importlib.machinery
 import importlib.util
 import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -81,7 +82,7 @@ def build(verbose: bool = False) -> ModuleType:
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
     out = build_dir()
     out.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(
+    module = cpp_extension.load(
         NAME,
         [str(CSRC / s) for s in SOURCES if s.endswith(".cpp")],
         extra_cflags=list(CFLAGS),
@@ -89,6 +90,10 @@ def build(verbose: bool = False) -> ModuleType:
         build_directory=str(out),
         verbose=verbose,
     )
+    for old in out.parent.iterdir():  # builds of older sources or another CPU
+        if old != out and old.is_dir() and (old / f"{NAME}.so").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    return module
 
 
 def main() -> int:

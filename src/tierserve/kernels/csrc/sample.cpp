@@ -1,11 +1,11 @@
 // Seeded sampling by the Gumbel-max trick with counter-based noise: for row r,
 //   token = argmax_v  logits[r, v] + G(key_r, v),   G = -log(-log(u)),  u = hash(key_r, v)
-// which draws from softmax(logits[r]) exactly (up to the 24-bit resolution of u). The noise of
+// which draws from softmax(logits[r]) exactly (up to the 23-bit resolution of u). The noise of
 // a row depends only on its 32-bit key (derived by the caller from the request's seed and output
 // index), never on the batch, so seeded requests repeat whatever they are batched with.
 //
-// G is bounded: u lies in [2^-25, 1 - 2^-25], so G lies in [-2.86, 17.33]. A token whose logit
-// is more than 20.19 below the row's maximum cannot beat the maximum's own key, so the kernel
+// G is bounded: u lies in [2^-24, 1 - 2^-24], so G lies in [-2.82, 16.64]. A token whose logit
+// is more than 19.46 below the row's maximum cannot beat the maximum's own key, so the kernel
 // computes noise only for tokens within 21 of the maximum: the same token as the full
 // computation, for a fraction of the logarithms. Excluded tokens carry -inf logits.
 #include <ATen/ATen.h>
@@ -29,7 +29,7 @@ inline uint32_t fmix32(uint32_t h) {  // MurmurHash3's finaliser: a bijection wi
 
 inline float gumbel(uint32_t key, uint32_t v) {
   const uint32_t h = fmix32(fmix32(v * 0x9E3779B9u + 1u) ^ key);
-  const float u = (static_cast<float>(h >> 8) + 0.5f) * (1.0f / 16777216.0f);
+  const float u = (static_cast<float>(h >> 9) + 0.5f) * (1.0f / 8388608.0f);
   return -std::log(-std::log(u));
 }
 
