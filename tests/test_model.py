@@ -75,7 +75,8 @@ def test_logits_match_transformers_whole_chunked_and_from_cached_prefix(loaded):
 
 def test_kernel_path_matches_pytorch_path_on_mixed_steps(loaded):
     """Fresh prefill, a chunk continuing its own prefix, decodes beside prefills, then decodes:
-    the compiled kernels give the PyTorch path's logits (and so its greedy tokens)."""
+    the compiled kernels (op by op, and whole fused layers) give the PyTorch path's logits, and
+    so its greedy tokens."""
     from tierserve import kernels
 
     if kernels.get() is None:
@@ -84,28 +85,33 @@ def test_kernel_path_matches_pytorch_path_on_mixed_steps(loaded):
     a = tok.encode_chat([{"role": "user", "content": "Name three prime numbers."}])
     b = tok.encode_chat([{"role": "user", "content": "Why is the sky blue? Be brief."}])
     steps = [{"a": len(a) - 4, "b": 9}, {"a": 1, "b": len(b) - 9}] + [{"a": 1, "b": 1}] * 3
-    results = []
-    for use in (True, False):
+    results = {}
+    for mode, use, fuse in (("pytorch", False, 0), ("ops", True, 0), ("fused", True, 128)):
         model = LlamaModel(cfg, dict(loaded.weights), kernels=use)
         ex = TorchExecutor(model, num_blocks=16, block_size=16, measure=False)
         ex.add_state("a", RequestState(list(a), len(a), list(range(0, 8)), 0, GREEDY))
         ex.add_state("b", RequestState(list(b), len(b), list(range(8, 16)), 0, GREEDY))
         outs = []
-        for sched in steps:
+        for i, sched in enumerate(steps):
             for rid, n in sched.items():  # teacher forcing: decodes feed known tokens
                 st = ex.states[rid]
                 st.tokens.extend(
                     [7 + len(st.tokens)] * max(0, st.num_computed + n - len(st.tokens))
                 )
-            bt = build_batch(ex.states, sched, 16, ex.tables, segments=ex.kernel_attention)
+            bt = build_batch(
+                ex.states, sched, 16, ex.tables, segments=ex.kernel_attention, fuse_rows=fuse
+            )
+            if i == 0:  # the fused path covers the fresh prompts too
+                assert bool(bt.meta.prefills) == (fuse == 0)
             rows = torch.arange(bt.input_ids.shape[0])
             outs.append(model.forward(bt.input_ids, bt.positions, bt.meta, ex.kv_caches, rows))
             for rid, n in sched.items():
                 ex.states[rid].num_computed += n
-        results.append(torch.cat(outs))
-    fast, ref = results
-    assert rel_err(fast, ref) < 1e-4  # the bound the transformers parity test holds
-    assert torch.equal(fast.argmax(-1), ref.argmax(-1))
+        results[mode] = torch.cat(outs)
+    ref = results["pytorch"]
+    for mode in ("ops", "fused"):
+        assert rel_err(results[mode], ref) < 1e-4, mode  # the transformers parity bound
+        assert torch.equal(results[mode].argmax(-1), ref.argmax(-1)), mode
 
 
 def test_chat_answer_names_paris(llm):

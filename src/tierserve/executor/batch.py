@@ -40,9 +40,11 @@ def build_batch(
     dtype: torch.dtype = torch.float32,
     segments: bool = False,
     device: torch.device | str = "cpu",
+    fuse_rows: int = 0,
 ) -> Batch:
     """`segments`: describe decodes and continued prefill chunks as kernel segments (rows, table
-    row, context) instead of the padded gather tables of the PyTorch path."""
+    row, context) instead of the padded gather tables of the PyTorch path; in a step of at most
+    `fuse_rows` rows, chunks from position 0 too (the model then runs whole fused layers)."""
     ids: list[int] = []
     starts, counts, table_rows = [], [], []
     logits_rows: list[int] = []
@@ -70,7 +72,8 @@ def build_batch(
     slots = blocks.astype(np.int64) * block_size + pos % block_size
     meta = AttentionMetadata(slot_mapping=torch.from_numpy(slots))
     if segments:
-        _segment_meta(meta, tables, start_a, count_a, row_a, table_rows)
+        fresh_too = total <= fuse_rows
+        _segment_meta(meta, tables, start_a, count_a, row_a, table_rows, fresh_too)
     else:
         _gather_meta(meta, tables, start_a, count_a, row_a, table_rows, block_size, dtype)
     batch = Batch(
@@ -101,10 +104,11 @@ def _to(batch: Batch, device: torch.device) -> Batch:
     return batch
 
 
-def _segment_meta(meta, tables, starts, counts, rows, table_rows) -> None:
+def _segment_meta(meta, tables, starts, counts, rows, table_rows, fresh_too) -> None:
     """Every request that reads cached context (a decode, or a chunk after computed tokens) is
-    one kernel segment; a chunk from position 0 attends to its own keys (PrefillSeq)."""
-    cached = starts > 0
+    one kernel segment; a chunk from position 0 attends to its own keys (PrefillSeq), unless
+    `fresh_too`: its keys are in the cache before attention, so it can be a segment as well."""
+    cached = (starts >= 0) if fresh_too else (starts > 0)
     meta.tables = tables.tensor
     seg = np.stack([rows, counts, np.asarray(table_rows), starts + 1], axis=1)[cached]
     meta.segments = torch.from_numpy(seg.astype(np.int32))

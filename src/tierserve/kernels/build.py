@@ -24,7 +24,7 @@ from types import ModuleType
 import torch
 
 NAME = "tierserve_kernels"
-SOURCES = ("bindings.cpp", "gemm.cpp", "attention.cpp", "sample.cpp", "vec.h")
+SOURCES = ("bindings.cpp", "gemm.cpp", "attention.cpp", "layer.cpp", "sample.cpp", "vec.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 CSRC = Path(__file__).parent / "csrc"

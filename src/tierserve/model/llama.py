@@ -146,6 +146,8 @@ class LlamaModel:
         inter = c.intermediate_size
         heads = c.num_heads + c.num_kv_heads
         ext = self.kernels if meta.segments is not None else None
+        if ext is not None and meta.all_decode and t <= KERNEL_MAX_ROWS:
+            return self._forward_fused(x, cos, sin, meta, kv_caches, logits_rows)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             h = rms_norm(x, layer.ln_attn, c.rms_norm_eps)
             qkv = self._mm(h, layer.w_qkv, layer.b_qkv)
@@ -159,5 +161,18 @@ class LlamaModel:
             gu = self._mm(h, layer.w_gate_up)
             act = F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:])  # in gu's memory
             x = self._mm_add_(x, act, layer.w_down)
+        x = rms_norm(x.index_select(0, logits_rows), self.norm, c.rms_norm_eps)
+        return self._head(x).float()
+
+    def _forward_fused(self, x, cos, sin, meta, kv_caches, logits_rows) -> torch.Tensor:
+        """Every row attends through kernel segments: one compiled call per layer."""
+        c = self.config
+        cos, sin = cos[:, 0].contiguous(), sin[:, 0].contiguous()
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            self.kernels.decoder_layer(
+                x, layer.w_qkv, layer.b_qkv, layer.w_o, layer.w_gate_up, layer.w_down,
+                layer.ln_attn, layer.ln_mlp, cos, sin, k_cache, v_cache, meta.slot_mapping,
+                meta.tables, meta.segments, c.num_heads, c.rms_norm_eps,
+            )  # fmt: skip
         x = rms_norm(x.index_select(0, logits_rows), self.norm, c.rms_norm_eps)
         return self._head(x).float()

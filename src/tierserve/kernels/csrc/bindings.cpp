@@ -11,6 +11,12 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
                           const at::Tensor& segments, double scale, at::Tensor& out);
 at::Tensor gumbel_argmax(const at::Tensor& logits, const at::Tensor& keys);
 int64_t vector_lanes();
+void decoder_layer(at::Tensor& x, const at::Tensor& w_qkv, const c10::optional<at::Tensor>& b_qkv,
+                   const at::Tensor& w_o, const at::Tensor& w_gate_up, const at::Tensor& w_down,
+                   const at::Tensor& ln_attn, const at::Tensor& ln_mlp, const at::Tensor& cos,
+                   const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache,
+                   const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& segments,
+                   int64_t heads, double eps);
 }  // namespace tierserve
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -19,5 +25,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_supported", &tierserve::supported, "(group, head_dim, block_size) -> bool");
   m.def("paged_attention_into", &tierserve::paged_attention_into, "paged attention by segments");
   m.def("gumbel_argmax", &tierserve::gumbel_argmax, "seeded Gumbel-max sampling per row");
+  m.def("decoder_layer", &tierserve::decoder_layer, "one decoder layer, x updated in place");
   m.def("vector_lanes", &tierserve::vector_lanes, "float lanes per SIMD vector");
 }

@@ -19,6 +19,7 @@ constexpr int VL = 4;
 typedef float vf __attribute__((vector_size(VL * 4)));
 typedef float vf_unaligned __attribute__((vector_size(VL * 4), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(VL * 4)));
+typedef uint32_t vu __attribute__((vector_size(VL * 4)));
 
 inline vf vload(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
 inline void vstore(float* p, vf v) { *reinterpret_cast<vf_unaligned*>(p) = v; }
@@ -56,6 +57,33 @@ inline vf vexp_nonpos(vf x) {
   std::memcpy(&scale, &e, sizeof(scale));
   vf out = p * scale;
   return x < lo ? vf{} : out;
+}
+
+// Natural log for positive normal x (Cephes' logf: mantissa in [sqrt(1/2), sqrt(2)), a
+// degree-9 polynomial), relative error ~1e-7.
+inline vf vlog_pos(vf x) {
+  vi bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  vi e = ((bits >> 23) & 0xff) - 126;
+  bits = (bits & 0x007fffff) | 0x3f000000;  // mantissa in [0.5, 1)
+  vf m;
+  std::memcpy(&m, &bits, sizeof(m));
+  vi small = m < 0.707106781186547524f;
+  vf ef = __builtin_convertvector(e + small, vf);  // small is -1 where true
+  m = m + (small ? m : vf{}) - 1.0f;
+  vf z = m * m;
+  vf y = vbroadcast(7.0376836292e-2f);
+  y = y * m - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = y * m * z;
+  y = y + ef * -2.12194440e-4f - 0.5f * z;
+  return m + y + ef * 0.693359375f;
 }
 
 }  // namespace tierserve
