@@ -67,12 +67,18 @@ class LlamaModel:
                 raise KeyError(f"weight {name!r} missing from the checkpoint")
             return weights.pop(name).to(self.device, dtype)
 
-        self.embed = w("model.embed_tokens.weight")
+        # The vocabulary head is stored [hidden, vocab] like every other weight (the GEMM kernel
+        # and BLAS are both faster on x @ W_t at decode sizes); tied embeddings are looked up in
+        # that same copy (`_embed`), so tying still costs one table.
+        embed = w("model.embed_tokens.weight")
         self.norm = w("model.norm.weight")
         if "lm_head.weight" in weights and not config.tie_word_embeddings:
-            self.lm_head = w("lm_head.weight")
+            self.embed: torch.Tensor | None = embed
+            self.head_t = _t(w("lm_head.weight"))
         else:
-            self.lm_head = self.embed
+            self.embed = None
+            self.head_t = _t(embed)
+        del embed
         self.layers = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
@@ -117,12 +123,10 @@ class LlamaModel:
             return x
         return torch.addmm(x, a, w_t)
 
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels is not None and x.shape[0] <= KERNEL_MAX_ROWS:
-            out = x.new_empty((x.shape[0], self.lm_head.shape[0]))
-            self.kernels.linear_nt_into(x, self.lm_head, out)
-            return out
-        return F.linear(x, self.lm_head)
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            return F.embedding(ids, self.embed)
+        return self.head_t.index_select(1, ids).t().contiguous()
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         c = self.config
@@ -140,7 +144,7 @@ class LlamaModel:
         """input_ids, positions: [T]. Returns float32 logits for `logits_rows` only: [S, V]."""
         c = self.config
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
-        x = F.embedding(input_ids, self.embed)
+        x = self._embed(input_ids)
         t = x.shape[0]
         k_end = c.q_size + c.kv_size
         inter = c.intermediate_size
@@ -162,7 +166,7 @@ class LlamaModel:
             act = F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:])  # in gu's memory
             x = self._mm_add_(x, act, layer.w_down)
         x = rms_norm(x.index_select(0, logits_rows), self.norm, c.rms_norm_eps)
-        return self._head(x).float()
+        return self._mm(x, self.head_t).float()
 
     def _forward_fused(self, x, cos, sin, meta, kv_caches, logits_rows) -> torch.Tensor:
         """Every row attends through kernel segments: one compiled call per layer."""
@@ -175,4 +179,4 @@ class LlamaModel:
                 meta.tables, meta.segments, c.num_heads, c.rms_norm_eps,
             )  # fmt: skip
         x = rms_norm(x.index_select(0, logits_rows), self.norm, c.rms_norm_eps)
-        return self._head(x).float()
+        return self._mm(x, self.head_t).float()

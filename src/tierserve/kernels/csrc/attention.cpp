@@ -10,8 +10,8 @@
 // A task walks its context one cache block at a time, so every K/V block is read once per tile
 // for all rows of the tile and all query heads of the group (grouped-query attention), and keeps
 // an online softmax (running max, running sum, rescaled accumulator) per query head.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <cmath>

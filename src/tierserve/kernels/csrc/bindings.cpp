@@ -4,7 +4,6 @@
 namespace tierserve {
 void linear_into(const at::Tensor& a, const at::Tensor& w_t, const c10::optional<at::Tensor>& bias,
                  at::Tensor& out, bool accumulate);
-void linear_nt_into(const at::Tensor& a, const at::Tensor& w, at::Tensor& out);
 bool supported(int64_t group, int64_t head_dim, int64_t block_size);
 void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
                           const at::Tensor& v_cache, const at::Tensor& tables,
@@ -21,7 +20,6 @@ void decoder_layer(at::Tensor& x, const at::Tensor& w_qkv, const c10::optional<a
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_into", &tierserve::linear_into, "out (+)= a @ w_t (+ bias)");
-  m.def("linear_nt_into", &tierserve::linear_nt_into, "out = a @ w.T");
   m.def("attention_supported", &tierserve::supported, "(group, head_dim, block_size) -> bool");
   m.def("paged_attention_into", &tierserve::paged_attention_into, "paged attention by segments");
   m.def("gumbel_argmax", &tierserve::gumbel_argmax, "seeded Gumbel-max sampling per row");

@@ -7,8 +7,8 @@
 // MR rows, with the weight rows prefetched a few steps ahead. Each output element is summed in
 // k order by one FMA chain, so a row's result does not depend on how many other rows are in the
 // batch.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 
@@ -138,50 +138,6 @@ void linear_into(const at::Tensor& a, const at::Tensor& w_t, const c10::optional
   else
     run<(VL >= 16 ? 4 : 2)>(a.data_ptr<float>(), a.stride(0), w_t.data_ptr<float>(), M, K, N,
                             out.data_ptr<float>(), b, accumulate);
-}
-
-// Head-style product against an untransposed weight: out[M, N] = a[M, K] @ w[N, K]^T.
-// Rows of w are dot-product partners: a tile reads 4 weight rows and MR input rows in vectors
-// along K and reduces at the end.
-void linear_nt_into(const at::Tensor& a, const at::Tensor& w, at::Tensor& out) {
-  TORCH_CHECK(a.dim() == 2 && w.dim() == 2 && out.dim() == 2, "linear_nt: 2-D tensors expected");
-  TORCH_CHECK(a.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
-                  out.scalar_type() == at::kFloat,
-              "linear_nt: float32 tensors expected");
-  TORCH_CHECK(a.is_contiguous() && w.is_contiguous() && out.is_contiguous(),
-              "linear_nt: contiguous tensors expected");
-  const int64_t M = a.size(0), K = a.size(1), N = w.size(0);
-  TORCH_CHECK(w.size(1) == K && out.size(0) == M && out.size(1) == N, "linear_nt: bad shapes");
-  const float* A = a.data_ptr<float>();
-  const float* W = w.data_ptr<float>();
-  float* C = out.data_ptr<float>();
-  constexpr int NB = 4;
-  constexpr int MR = 4;
-  const int64_t kv = K / VL * VL;
-  at::parallel_for(0, (N + NB - 1) / NB, 64, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * NB;
-      const int nn = static_cast<int>(std::min<int64_t>(NB, N - n0));
-      for (int64_t m0 = 0; m0 < M; m0 += MR) {
-        const int mr = static_cast<int>(std::min<int64_t>(MR, M - m0));
-        vf acc[MR][NB] = {};
-        for (int64_t k = 0; k < kv; k += VL) {
-          vf b[NB];
-          for (int j = 0; j < NB; ++j) b[j] = j < nn ? vload(W + (n0 + j) * K + k) : vf{};
-          for (int m = 0; m < mr; ++m) {
-            vf x = vload(A + (m0 + m) * K + k);
-            for (int j = 0; j < NB; ++j) acc[m][j] += x * b[j];
-          }
-        }
-        for (int m = 0; m < mr; ++m)
-          for (int j = 0; j < nn; ++j) {
-            float s = vsum(acc[m][j]);
-            for (int64_t k = kv; k < K; ++k) s += A[(m0 + m) * K + k] * W[(n0 + j) * K + k];
-            C[(m0 + m) * N + n0 + j] = s;
-          }
-      }
-    }
-  });
 }
 
 }  // namespace tierserve

@@ -8,8 +8,10 @@
 //
 // x (the residual stream) is updated in place. Attention covers every row through segments
 // (see attention.cpp), fresh prompts included: their keys are in the cache before they attend.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <cmath>
 

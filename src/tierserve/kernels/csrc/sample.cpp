@@ -8,8 +8,9 @@
 // is more than 19.46 below the row's maximum cannot beat the maximum's own key, so the kernel
 // ignores tokens more than 21 below the maximum. Excluded tokens carry -inf logits. Hash, logs
 // and the running argmax are vectorised (vec.h), VL tokens at a time.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
 
 #include <cmath>
 #include <limits>
