@@ -6,7 +6,7 @@ weights per layer, so they stream from memory as in the engine) and the tied voc
 with the engine's own ``x @ W_t`` layout, and prints ms per pass, ms per row and GFLOP/s. It is
 the floor under the engine's step time (docs/performance.md). Where the compiled kernels are
 built (`tierserve.kernels`), their GEMM is timed on the same weights, alternating with BLAS,
-in the last columns (the engine uses it up to `KERNEL_MAX_ROWS` rows). Run:
+in the last columns (the engine's choice between the two: model/llama.py). Run:
 
     .venv/bin/python benchmarks/gemm_curve.py
 """

@@ -19,7 +19,7 @@ from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts
 from tierserve.executor.batch import build_batch
 from tierserve.executor.block_table import BlockTables
-from tierserve.model.llama import KERNEL_MAX_ROWS, LlamaModel
+from tierserve.model.llama import FUSED_MAX_ROWS, LlamaModel
 from tierserve.model.sampler import Sampler
 from tierserve.sampling_params import SamplingParams
 
@@ -202,7 +202,7 @@ class TorchExecutor:
             self.model.dtype,
             segments=self.kernel_attention,
             device=self.model.device,
-            fuse_rows=KERNEL_MAX_ROWS if self.kernel_attention else 0,
+            fuse_rows=FUSED_MAX_ROWS if self.kernel_attention else 0,
         )
         logits = self.model.forward(
             batch.input_ids, batch.positions, batch.meta, self.kv_caches, batch.logits_rows

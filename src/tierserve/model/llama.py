@@ -6,14 +6,18 @@ faster than ``linear(x, W)`` for the small batch sizes of decoding on CPU BLAS. 
 computed only for the rows that sample.
 
 On the CPU in float32 the compiled kernels (`tierserve.kernels`) take the products of up to
-`KERNEL_MAX_ROWS` rows (decode steps: BLAS is far from the memory and FMA bounds there) and all
-attention over cached context; larger products (prefill) stay with BLAS. ``kernels=False`` (or
+`KERNEL_MAX_ROWS` rows (decode steps: BLAS is far from the memory and FMA bounds there), and of
+any size where a start-up check finds the kernel faster than BLAS at `PROBE_ROWS` rows (it is
+where the BLAS runs a generic code path, as MKL does on AMD CPUs); all attention over cached
+context; and whole fused layers in steps of up to `FUSED_MAX_ROWS` rows. ``kernels=False`` (or
 ``TIERSERVE_KERNELS=off``) runs the pure-PyTorch path, the reference the kernels are tested
 against.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +27,8 @@ from tierserve import kernels as _kernels
 from tierserve.model.attention import AttentionMetadata, paged_attention
 from tierserve.model.config import ModelConfig
 from tierserve.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,7 +46,24 @@ def _t(w: torch.Tensor) -> torch.Tensor:
     return w.t().contiguous()
 
 
-KERNEL_MAX_ROWS = 128  # measured crossover with MKL: see docs/performance.md
+KERNEL_MAX_ROWS = 128  # the kernel beats BLAS below this everywhere measured
+FUSED_MAX_ROWS = 128  # beyond, prompts attend through SDPA (faster for long fresh prompts)
+PROBE_ROWS = 512
+
+
+def _faster_than_blas(kernels, w_t: torch.Tensor, rows: int = PROBE_ROWS) -> bool:
+    """Times one weight at `rows` rows both ways (best of 3 each, interleaved: ~50 ms)."""
+    x, out = torch.randn(rows, w_t.shape[0]), torch.empty(rows, w_t.shape[1])
+    best = {True: float("inf"), False: float("inf")}
+    for _ in range(3):
+        for use in (True, False):
+            t0 = time.perf_counter()
+            if use:
+                kernels.linear_into(x, w_t, None, out, False)
+            else:
+                torch.mm(x, w_t, out=out)
+            best[use] = min(best[use], time.perf_counter() - t0)
+    return best[True] < best[False]
 
 
 class LlamaModel:
@@ -102,6 +125,11 @@ class LlamaModel:
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(
             self.device
         )
+        self.kernel_max_rows = KERNEL_MAX_ROWS
+        if self.kernels is not None and _faster_than_blas(self.kernels, self.layers[0].w_gate_up):
+            self.kernel_max_rows = 1 << 62
+        if self.kernels is not None:
+            log.info("GEMM kernel for up to %d rows, BLAS beyond", self.kernel_max_rows)
 
     def uses_kernel_attention(self, block_size: int) -> bool:
         c = self.config
@@ -110,7 +138,7 @@ class LlamaModel:
         )
 
     def _mm(self, x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = None):
-        if self.kernels is not None and x.shape[0] <= KERNEL_MAX_ROWS:
+        if self.kernels is not None and x.shape[0] <= self.kernel_max_rows:
             out = x.new_empty((x.shape[0], w_t.shape[1]))
             self.kernels.linear_into(x, w_t, bias, out, False)
             return out
@@ -118,7 +146,7 @@ class LlamaModel:
 
     def _mm_add_(self, x: torch.Tensor, a: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
         """x + a @ w_t (the residual), in x's memory on the kernel path."""
-        if self.kernels is not None and x.shape[0] <= KERNEL_MAX_ROWS:
+        if self.kernels is not None and x.shape[0] <= self.kernel_max_rows:
             self.kernels.linear_into(a, w_t, None, x, True)
             return x
         return torch.addmm(x, a, w_t)
@@ -150,7 +178,7 @@ class LlamaModel:
         inter = c.intermediate_size
         heads = c.num_heads + c.num_kv_heads
         ext = self.kernels if meta.segments is not None else None
-        if ext is not None and meta.all_decode and t <= KERNEL_MAX_ROWS:
+        if ext is not None and meta.all_decode and t <= FUSED_MAX_ROWS:
             return self._forward_fused(x, cos, sin, meta, kv_caches, logits_rows)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             h = rms_norm(x, layer.ln_attn, c.rms_norm_eps)

@@ -18,11 +18,15 @@ void decoder_layer(at::Tensor& x, const at::Tensor& w_qkv, const c10::optional<a
                    int64_t heads, double eps);
 }  // namespace tierserve
 
+// Every kernel releases the GIL while it runs, as PyTorch's own ops do: the server's event loop
+// (health checks, streaming) keeps running beside a long prefill GEMM.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear_into", &tierserve::linear_into, "out (+)= a @ w_t (+ bias)");
-  m.def("attention_supported", &tierserve::supported, "(group, head_dim, block_size) -> bool");
-  m.def("paged_attention_into", &tierserve::paged_attention_into, "paged attention by segments");
-  m.def("gumbel_argmax", &tierserve::gumbel_argmax, "seeded Gumbel-max sampling per row");
-  m.def("decoder_layer", &tierserve::decoder_layer, "one decoder layer, x updated in place");
-  m.def("vector_lanes", &tierserve::vector_lanes, "float lanes per SIMD vector");
+  using release = py::call_guard<py::gil_scoped_release>;
+  m.def("linear_into", &tierserve::linear_into, "out (+)= a @ w_t (+ bias)", release());
+  m.def("attention_supported", &tierserve::supported, "(group, head_dim, block) -> bool", release());
+  m.def("paged_attention_into", &tierserve::paged_attention_into, "attention by segments",
+        release());
+  m.def("gumbel_argmax", &tierserve::gumbel_argmax, "seeded Gumbel-max draw per row", release());
+  m.def("decoder_layer", &tierserve::decoder_layer, "one decoder layer, x in place", release());
+  m.def("vector_lanes", &tierserve::vector_lanes, "float lanes per SIMD vector", release());
 }
