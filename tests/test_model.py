@@ -8,7 +8,7 @@ import torch
 
 from tierserve.executor.batch import build_batch
 from tierserve.executor.torch_executor import RequestState, TorchExecutor
-from tierserve.model.llama import LlamaModel
+from tierserve.model.llama import FUSED_MAX_ROWS, LlamaModel
 from tierserve.model.loader import load_model
 from tierserve.model.sampler import Sampler, SampleRow, filter_logits
 from tierserve.priority import Priority
@@ -47,7 +47,10 @@ def rel_err(a, b):
 def run_rows(model, ex, state, n):
     if ex.states.get("r") is not state:
         ex.add_state("r", state)
-    b = build_batch({"r": state}, {"r": n}, 16, ex.tables, segments=ex.kernel_attention)
+    fuse = FUSED_MAX_ROWS if ex.kernel_attention else 0  # as the executor runs its steps
+    b = build_batch(
+        {"r": state}, {"r": n}, 16, ex.tables, segments=ex.kernel_attention, fuse_rows=fuse
+    )
     rows = torch.arange(b.input_ids.shape[0])
     out = model.forward(b.input_ids, b.positions, b.meta, ex.kv_caches, rows)
     state.num_computed += n
