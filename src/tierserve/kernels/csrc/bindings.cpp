@@ -23,7 +23,8 @@ void decoder_layer(at::Tensor& x, const at::Tensor& w_qkv, const c10::optional<a
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = py::call_guard<py::gil_scoped_release>;
   m.def("linear_into", &tierserve::linear_into, "out (+)= a @ w_t (+ bias)", release());
-  m.def("attention_supported", &tierserve::supported, "(group, head_dim, block) -> bool", release());
+  m.def("attention_supported", &tierserve::supported, "(group, head_dim, block) -> bool",
+        release());
   m.def("paged_attention_into", &tierserve::paged_attention_into, "attention by segments",
         release());
   m.def("gumbel_argmax", &tierserve::gumbel_argmax, "seeded Gumbel-max draw per row", release());
