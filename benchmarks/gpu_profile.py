@@ -86,9 +86,11 @@ def logits_error(cfg: ModelConfig, device: str, dtype: torch.dtype, n: int = 64)
         model = LlamaModel(cfg, random_weights(cfg, device), device, dt)
         ex = TorchExecutor(model, num_blocks=-(-n // 16) + 1, block_size=16, measure=False)
         st = {"r": RequestState(list(ids), n, list(range(-(-n // 16) + 1)), 0, SamplingParams())}
+        ex.add_state("r", st["r"])
         from tierserve.executor.batch import build_batch
 
-        b = build_batch(st, {"r": n}, 16, model.device, model.dtype)
+        b = build_batch(st, {"r": n}, 16, ex.tables, model.dtype,
+                        segments=ex.kernel_attention, device=model.device)  # fmt: skip
         outs.append(model.forward(b.input_ids, b.positions, b.meta, ex.kv_caches,
                                   torch.arange(n, device=model.device)))  # fmt: skip
         del model, ex
@@ -120,11 +122,15 @@ def time_steps(ex: TorchExecutor, repeats: int, comps) -> list[dict]:
                 nxt += nb
                 sched[f"d{k}"] = 1
                 chunks.append((1, ctx + 1))
+            for rid, st in states.items():
+                ex.add_state(rid, st)
             sync()
             t0 = time.perf_counter()
             ex._forward(states, sched)
             sync()
             times.append(time.perf_counter() - t0)
+            for rid in states:
+                ex.drop_state(rid)
         rows.append({"prefill": list(prefills), "decode_batch": n_dec, "decode_context": ctx,
                      "chunks": chunks, "seconds": statistics.median(times[1:])})  # fmt: skip
     return rows

@@ -8,9 +8,9 @@ import torch
 
 from tierserve.executor.batch import build_batch
 from tierserve.executor.torch_executor import RequestState, TorchExecutor
-from tierserve.model.llama import LlamaModel
+from tierserve.model.llama import FUSED_MAX_ROWS, LlamaModel
 from tierserve.model.loader import load_model
-from tierserve.model.sampler import Sampler, SampleRow, _filter
+from tierserve.model.sampler import Sampler, SampleRow, filter_logits
 from tierserve.priority import Priority
 from tierserve.sampling_params import SamplingParams
 
@@ -45,7 +45,12 @@ def rel_err(a, b):
 
 
 def run_rows(model, ex, state, n):
-    b = build_batch({"r": state}, {"r": n}, 16, CPU)
+    if ex.states.get("r") is not state:
+        ex.add_state("r", state)
+    fuse = FUSED_MAX_ROWS if ex.kernel_attention else 0  # as the executor runs its steps
+    b = build_batch(
+        {"r": state}, {"r": n}, 16, ex.tables, segments=ex.kernel_attention, fuse_rows=fuse
+    )
     rows = torch.arange(b.input_ids.shape[0])
     out = model.forward(b.input_ids, b.positions, b.meta, ex.kv_caches, rows)
     state.num_computed += n
@@ -69,6 +74,47 @@ def test_logits_match_transformers_whole_chunked_and_from_cached_prefix(loaded):
     st = RequestState(list(ids), n, [0, 1, 8, 9], 32, GREEDY)
     cont = run_rows(model, ex, st, n - 32)
     assert rel_err(cont, ref[32:]) < 1e-4
+
+
+def test_kernel_path_matches_pytorch_path_on_mixed_steps(loaded):
+    """Fresh prefill, a chunk continuing its own prefix, decodes beside prefills, then decodes:
+    the compiled kernels (op by op, and whole fused layers) give the PyTorch path's logits, and
+    so its greedy tokens."""
+    from tierserve import kernels
+
+    if kernels.get() is None:
+        pytest.skip("kernels unavailable or TIERSERVE_KERNELS=off")
+    cfg, tok = loaded.config, loaded.tokenizer
+    a = tok.encode_chat([{"role": "user", "content": "Name three prime numbers."}])
+    b = tok.encode_chat([{"role": "user", "content": "Why is the sky blue? Be brief."}])
+    steps = [{"a": len(a) - 4, "b": 9}, {"a": 1, "b": len(b) - 9}] + [{"a": 1, "b": 1}] * 3
+    results = {}
+    for mode, use, fuse in (("pytorch", False, 0), ("ops", True, 0), ("fused", True, 128)):
+        model = LlamaModel(cfg, dict(loaded.weights), kernels=use)
+        ex = TorchExecutor(model, num_blocks=16, block_size=16, measure=False)
+        ex.add_state("a", RequestState(list(a), len(a), list(range(0, 8)), 0, GREEDY))
+        ex.add_state("b", RequestState(list(b), len(b), list(range(8, 16)), 0, GREEDY))
+        outs = []
+        for i, sched in enumerate(steps):
+            for rid, n in sched.items():  # teacher forcing: decodes feed known tokens
+                st = ex.states[rid]
+                st.tokens.extend(
+                    [7 + len(st.tokens)] * max(0, st.num_computed + n - len(st.tokens))
+                )
+            bt = build_batch(
+                ex.states, sched, 16, ex.tables, segments=ex.kernel_attention, fuse_rows=fuse
+            )
+            if i == 0:  # the fused path covers the fresh prompts too
+                assert bool(bt.meta.prefills) == (fuse == 0)
+            rows = torch.arange(bt.input_ids.shape[0])
+            outs.append(model.forward(bt.input_ids, bt.positions, bt.meta, ex.kv_caches, rows))
+            for rid, n in sched.items():
+                ex.states[rid].num_computed += n
+        results[mode] = torch.cat(outs)
+    ref = results["pytorch"]
+    for mode in ("ops", "fused"):
+        assert rel_err(results[mode], ref) < 1e-4, mode  # the transformers parity bound
+        assert torch.equal(results[mode].argmax(-1), ref.argmax(-1)), mode
 
 
 def test_chat_answer_names_paris(llm):
@@ -175,7 +221,10 @@ def test_stop_string_cuts_the_text(llm):
 
 def test_sampling_filters():
     logits = torch.tensor([5.0, 4.0, 1.0, 0.0, -1.0])
-    keep = lambda p: torch.isfinite(_filter(logits, p)).nonzero().flatten().tolist()  # noqa: E731
+
+    def keep(p):
+        return torch.isfinite(filter_logits(logits[None], [p])[0]).nonzero().flatten().tolist()
+
     assert keep(SamplingParams(top_k=2)) == [0, 1]
     assert keep(SamplingParams(top_p=0.5)) == [0]  # token 0 alone has p > 0.5
     assert keep(SamplingParams(top_p=0.9)) == [0, 1]

@@ -18,7 +18,8 @@ import torch
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts
 from tierserve.executor.batch import build_batch
-from tierserve.model.llama import LlamaModel
+from tierserve.executor.block_table import BlockTables
+from tierserve.model.llama import FUSED_MAX_ROWS, LlamaModel
 from tierserve.model.sampler import Sampler
 from tierserve.sampling_params import SamplingParams
 
@@ -66,6 +67,7 @@ class RequestState:
     block_ids: list[int]
     num_computed: int
     params: SamplingParams
+    table_row: int = -1  # this request's row in the executor's BlockTables
 
 
 class TorchExecutor:
@@ -93,8 +95,10 @@ class TorchExecutor:
             else []
         )
         self.states: dict[str, RequestState] = {}
+        self.tables = BlockTables()
+        self.kernel_attention = model.uses_kernel_attention(block_size)
         self.last_swap_seconds = (0.0, 0.0)  # (in, out) copy time of the last step
-        self.sampler = Sampler(dev, seed)
+        self.sampler = Sampler(dev, seed, model.kernels)
         self._costs = self._measure() if measure else None
 
     # -- cost figures for preemption -------------------------------------------------------
@@ -113,11 +117,13 @@ class TorchExecutor:
         best = float("inf")
         for _ in range(2):
             probe = RequestState([1] * tokens, tokens, list(range(n_blocks)), 0, SamplingParams())
+            self.add_state("probe", probe)
             self._sync()
             t0 = time.perf_counter()
             self._forward({"probe": probe}, {"probe": tokens})
             self._sync()
             best = min(best, time.perf_counter() - t0)
+            self.drop_state("probe")
         k = self.kv_caches[0][0][:, :n_blocks]
         self._sync()
         t0 = time.perf_counter()
@@ -151,24 +157,36 @@ class TorchExecutor:
         self._sync()
         return time.perf_counter() - t0
 
+    def add_state(self, rid: str, st: RequestState) -> None:
+        self.drop_state(rid)
+        st.table_row = self.tables.assign(st.block_ids)
+        self.states[rid] = st
+
+    def drop_state(self, rid: str) -> None:
+        st = self.states.pop(rid, None)
+        if st is not None:
+            self.tables.release(st.table_row)
+
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
         for rid in out.finished_req_ids | out.preempted_req_ids:
-            self.states.pop(rid, None)
+            self.drop_state(rid)
         self.last_swap_seconds = (
             self._timed_copy(self.host_caches, self.kv_caches, out.blocks_to_swap_in),
             self._timed_copy(self.kv_caches, self.host_caches, out.blocks_to_swap_out),
         )
         for new in out.scheduled_new:
-            self.states[new.request_id] = RequestState(
+            st = RequestState(
                 list(new.token_ids),
                 new.num_prompt_tokens,
                 list(new.block_ids),
                 new.num_computed_tokens,
                 new.sampling_params,
             )
+            self.add_state(new.request_id, st)
         for cached in out.scheduled_cached:
             st = self.states[cached.request_id]
             st.block_ids.extend(cached.new_block_ids)
+            self.tables.extend(st.table_row, cached.new_block_ids)
         if not out.num_scheduled_tokens:
             return ExecutorOutput()
         return self._forward(self.states, out.num_scheduled_tokens)
@@ -176,7 +194,16 @@ class TorchExecutor:
     def _forward(
         self, states: dict[str, RequestState], scheduled: dict[str, int]
     ) -> ExecutorOutput:
-        batch = build_batch(states, scheduled, self.block_size, self.model.device, self.model.dtype)
+        batch = build_batch(
+            states,
+            scheduled,
+            self.block_size,
+            self.tables,
+            self.model.dtype,
+            segments=self.kernel_attention,
+            device=self.model.device,
+            fuse_rows=FUSED_MAX_ROWS if self.kernel_attention else 0,
+        )
         logits = self.model.forward(
             batch.input_ids, batch.positions, batch.meta, self.kv_caches, batch.logits_rows
         )

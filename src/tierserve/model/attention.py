@@ -41,8 +41,12 @@ class AttentionMetadata:
     decode_rows: torch.Tensor | None = None  # [B] rows of single-token queries
     decode_blocks: torch.Tensor | None = None  # [B * blocks_max] block ids (padded with 0)
     decode_bias: torch.Tensor | None = None  # [B, 1, L_max] 0 = attend, -inf = padding
-    all_decode: bool = False  # every row is a decode: no row gathering needed
+    all_decode: bool = False  # every row reads cached context: no row gathering needed
     prefills: list[PrefillSeq] = field(default_factory=list)
+    # Kernel path: block tables [rows, width] int32 and segments [n, 4] int32 (row0, rows,
+    # table row, context of the first row); see kernels/csrc/attention.cpp.
+    tables: torch.Tensor | None = None
+    segments: torch.Tensor | None = None
     # Built on first use, shared by every layer of the step.
     _decode_bias_heads: torch.Tensor | None = None
 
@@ -78,6 +82,17 @@ def _decode_attention(
     return od.view(hkv, b, group, d).transpose(0, 1).reshape(b, hkv * group, d)
 
 
+def _fresh_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: PrefillSeq
+) -> torch.Tensor:
+    """A chunk from position 0 attends causally to its own keys: SDPA, [n, H, D]."""
+    qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+    kp = k[p.start : p.end].transpose(0, 1).unsqueeze(0)
+    vp = v[p.start : p.end].transpose(0, 1).unsqueeze(0)
+    op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
+    return op[0].transpose(0, 1)
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -85,11 +100,23 @@ def paged_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
+    kernels=None,
 ) -> torch.Tensor:
-    """q: [T, H, D]; k, v: [T, H_kv, D]. Writes k/v to the cache; returns [T, H, D]."""
+    """q: [T, H, D]; k, v: [T, H_kv, D]. Writes k/v to the cache; returns [T, H, D].
+    With `kernels` (the compiled module) and segment metadata, every row that reads cached
+    context attends in one kernel call straight from the cache."""
     hkv, nb, bs, d = k_cache.shape
     write_kv(k_cache, meta.slot_mapping, k)
     write_kv(v_cache, meta.slot_mapping, v)
+    if meta.segments is not None:
+        out = q.new_empty(q.shape)
+        if meta.segments.shape[0]:
+            kernels.paged_attention_into(
+                q, k_cache, v_cache, meta.tables, meta.segments, d**-0.5, out
+            )
+        for p in meta.prefills:
+            out[p.start : p.end] = _fresh_prefill(q, k, v, p)
+        return out
     if meta.all_decode:
         return _decode_attention(q, k_cache, v_cache, meta)
     out = q.new_empty(q.shape)
@@ -98,14 +125,12 @@ def paged_attention(
         out.index_copy_(0, meta.decode_rows, _decode_attention(qd, k_cache, v_cache, meta))
     flat_k, flat_v = k_cache.view(hkv, nb * bs, d), v_cache.view(hkv, nb * bs, d)
     for p in meta.prefills:
-        qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if p.slots is None:
-            kp = k[p.start : p.end].transpose(0, 1).unsqueeze(0)
-            vp = v[p.start : p.end].transpose(0, 1).unsqueeze(0)
-            op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
-        else:
-            kp = _gather(flat_k, p.slots).unsqueeze(0)
-            vp = _gather(flat_v, p.slots).unsqueeze(0)
-            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, enable_gqa=True)
+            out[p.start : p.end] = _fresh_prefill(q, k, v, p)
+            continue
+        qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+        kp = _gather(flat_k, p.slots).unsqueeze(0)
+        vp = _gather(flat_v, p.slots).unsqueeze(0)
+        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, enable_gqa=True)
         out[p.start : p.end] = op[0].transpose(0, 1)
     return out

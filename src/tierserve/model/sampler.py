@@ -1,9 +1,22 @@
-"""Per-request sampling: greedy, temperature, top-k, top-p, min-p, seeds, chosen-token logprobs.
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p, seeds, chosen-token logprobs.
 
-A seeded request draws its randomness for output token i from a generator seeded with
-(seed, i), so the same seed gives the same text whatever else is in the batch and even when the
-request was preempted and recomputed. Sampling uses the exponential race
-(argmax p / E with E ~ Exp(1)), which draws from p exactly.
+One step samples all its rows with a few tensor operations, never a Python loop over rows' logits:
+
+1. ``lse`` and ``argmax`` over the raw logits of every row: greedy rows take the argmax exactly,
+   and every row's logprob is its token's under the model's unfiltered distribution.
+2. The rows that sample are gathered once (``[S', V]``) and go through the stages in order,
+   each applied only to the rows whose parameters ask for it (per-row parameter tensors):
+   temperature, top-k, top-p, min-p. Later per-request stages belong here the same way, before
+   the temperature: penalties from per-row token counts (presence / frequency / repetition),
+   ``logit_bias`` as a sparse per-row add, ``min_tokens`` as an EOS mask, grammar token masks
+   as a bitmask on the rows that have a grammar.
+3. The draw is the Gumbel-max trick, ``argmax(logits + G)`` with ``G = -log(-log(u))``, which
+   samples softmax(logits) exactly. ``u`` is a counter-based hash of (row key, token id): a
+   seeded request's key is a hash of (seed, output index), so the same seed gives the same text
+   whatever the batch and after preemption and recompute; unseeded rows draw their keys from
+   the sampler's generator. The compiled kernel (`tierserve.kernels`) computes the same noise
+   and skips tokens too far below the row's maximum to win; the PyTorch path below is its
+   reference.
 """
 
 from __future__ import annotations
@@ -14,6 +27,8 @@ import torch
 
 from tierserve.sampling_params import SamplingParams
 
+_M32 = 0xFFFFFFFF
+
 
 @dataclass(frozen=True)
 class SampleRow:
@@ -21,51 +36,101 @@ class SampleRow:
     output_index: int  # how many tokens the request has generated before this one
 
 
-def _token_generator(seed: int, index: int, device: torch.device) -> torch.Generator:
-    g = torch.Generator(device=device)
-    g.manual_seed((seed * 1_000_003 + index * 7_919 + 1) % (2**63 - 1))
-    return g
+def fmix32(h):
+    """MurmurHash3's 32-bit finaliser on Python ints or int64 tensors holding 32-bit values
+    (products are masked, so int64 wrap-around keeps the right low bits)."""
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
 
 
-def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Apply temperature, top-k, top-p and min-p to one row of logits."""
-    logits = logits / p.temperature
-    if p.top_k > 0 and p.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, p.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if p.top_p < 1.0:
-        sorted_logits, idx = torch.sort(logits, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) >= p.top_p  # keep the token that crosses top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, idx, drop), float("-inf"))
-    if p.min_p > 0.0:
-        probs = logits.softmax(-1)
-        logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+def seeded_key(seed: int, output_index: int) -> int:
+    """The noise key of a seeded request's `output_index`-th token."""
+    s = seed & ((1 << 64) - 1)
+    h = fmix32(fmix32(s & _M32) ^ (s >> 32))
+    return fmix32(h ^ ((output_index * 0x9E3779B9 + 0x7F4A7C15) & _M32))
+
+
+def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """G[r, v] = -log(-log(u)), u = ((hash(key_r, v) >> 9) + 0.5) / 2^23 in [2^-24, 1 - 2^-24]
+    (float32, exactly as kernels/csrc/sample.cpp computes it)."""
+    v = torch.arange(vocab, dtype=torch.int64, device=keys.device)
+    vh = fmix32((v * 0x9E3779B9 + 1) & _M32)
+    h = fmix32(vh[None, :] ^ keys[:, None])
+    u = ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
+    return -torch.log(-torch.log(u))
+
+
+def gumbel_argmax(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Reference draw: one token per row of (filtered) logits."""
+    return torch.argmax(logits + gumbel_noise(keys, logits.shape[1]), dim=-1)
+
+
+def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, top-k, top-p and min-p for a batch of rows, each row with its own values;
+    a stage runs only on the rows that use it. Returns new logits, excluded tokens at -inf."""
+    dev, vocab = logits.device, logits.shape[1]
+    temp = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=dev)
+    logits = logits / temp[:, None]
+    rows = [i for i, p in enumerate(params) if 0 < p.top_k < vocab]
+    if rows:
+        r = torch.tensor(rows, device=dev)
+        k = torch.tensor([params[i].top_k for i in rows], device=dev)
+        sub = logits[r]
+        kth = torch.topk(sub, int(k.max())).values.gather(1, (k - 1)[:, None])
+        logits[r] = sub.masked_fill(sub < kth, float("-inf"))
+    rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    if rows:
+        r = torch.tensor(rows, device=dev)
+        top_p = torch.tensor([params[i].top_p for i in rows], dtype=logits.dtype, device=dev)
+        sub = logits[r]
+        sorted_logits, idx = torch.sort(sub, dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= top_p[:, None]  # keep the token that crosses top_p
+        logits[r] = sub.masked_fill(torch.zeros_like(drop).scatter(1, idx, drop), float("-inf"))
+    rows = [i for i, p in enumerate(params) if p.min_p > 0.0]
+    if rows:
+        r = torch.tensor(rows, device=dev)
+        min_p = torch.tensor([params[i].min_p for i in rows], dtype=logits.dtype, device=dev)
+        sub = logits[r]
+        probs = sub.softmax(-1)
+        low = probs < min_p[:, None] * probs.max(-1, keepdim=True).values
+        logits[r] = sub.masked_fill(low, float("-inf"))
     return logits
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int | None = None) -> None:
+    def __init__(self, device: torch.device, seed: int | None = None, kernels=None) -> None:
         self.device = device
-        self._rng = torch.Generator(device=device)
+        self.kernels = kernels  # the compiled module, or None for the PyTorch draw
+        self._rng = torch.Generator(device="cpu")
         self._rng.seed() if seed is None else self._rng.manual_seed(seed)
+
+    def _keys(self, rows: list[SampleRow]) -> torch.Tensor:
+        fresh = torch.randint(0, 1 << 32, (len(rows),), generator=self._rng).tolist()
+        keys = [
+            fresh[i] if r.params.seed is None else seeded_key(r.params.seed, r.output_index)
+            for i, r in enumerate(rows)
+        ]
+        return torch.tensor(keys, dtype=torch.int64, device=self.device)
 
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[float]]:
         """logits: [S, V] float32. Returns token ids and their log-probabilities under the
         model's (unfiltered) distribution; a NaN logprob means the row was not finite."""
         lse = torch.logsumexp(logits, dim=-1)
         tokens = torch.argmax(logits, dim=-1)
-        for i, row in enumerate(rows):
-            p = row.params
-            if p.temperature == 0.0:
-                continue
-            probs = _filter(logits[i], p).softmax(-1)
-            g = (
-                self._rng
-                if p.seed is None
-                else _token_generator(p.seed, row.output_index, logits.device)
-            )
-            noise = torch.empty_like(probs).exponential_(generator=g)
-            tokens[i] = torch.argmax(probs / noise)
+        sampled = [i for i, r in enumerate(rows) if r.params.temperature != 0.0]
+        if sampled:
+            srows = [rows[i] for i in sampled]
+            idx = torch.tensor(sampled, device=logits.device)
+            filtered = filter_logits(logits[idx], [r.params for r in srows])
+            keys = self._keys(srows)
+            if self.kernels is not None and filtered.device.type == "cpu":
+                drawn = self.kernels.gumbel_argmax(filtered, keys)
+            else:
+                drawn = gumbel_argmax(filtered, keys)
+            tokens[idx] = drawn
         chosen = logits.gather(1, tokens[:, None]).squeeze(1) - lse
         return tokens.tolist(), chosen.tolist()

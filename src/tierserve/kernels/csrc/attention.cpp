@@ -1,0 +1,181 @@
+// Paged attention straight from the KV cache: no gathered copy of any context.
+//
+// Cache layout (one layer, K and V alike): [kv_heads, num_blocks, block_size, head_dim].
+// A *segment* is a run of consecutive query rows of one sequence: row i of segment s sits at
+// flat row `row0 + i`, reads its context through block-table row `table` and attends to
+// positions [0, ctx0 + i) (so a decode is a 1-row segment with ctx0 = its length, and a prefill
+// chunk continuing a cached prefix of P tokens is an n-row segment with ctx0 = P + 1).
+//
+// Work is split into (tile of up to kTile rows of a segment) x (KV head) tasks across threads.
+// A task walks its context one cache block at a time, so every K/V block is read once per tile
+// for all rows of the tile and all query heads of the group (grouped-query attention), and keeps
+// an online softmax (running max, running sum, rescaled accumulator) per query head.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "vec.h"
+
+namespace tierserve {
+namespace {
+
+constexpr int kTile = 8;        // query rows per task
+constexpr int kMaxGroup = 16;   // query heads per KV head
+constexpr int kMaxDim = 256;    // head_dim
+constexpr int kMaxBlock = 64;   // block_size
+
+struct Task {
+  int32_t row0, rows, table, ctx0, head;
+};
+
+struct Geometry {
+  int64_t heads, kv_heads, group, dim, blocks, block_size, table_width;
+  int64_t q_row_stride, out_row_stride;
+  float scale;
+};
+
+template <int DV>  // head_dim / VL
+void run_task(const Task& t, const Geometry& g, const float* q, const float* kc, const float* vc,
+              const int32_t* tables, float* out) {
+  constexpr int D = DV * VL;
+  float m_run[kTile * kMaxGroup], l_run[kTile * kMaxGroup];
+  vf acc[kTile * kMaxGroup][DV];
+  vf qv[kTile * kMaxGroup][DV];
+  for (int i = 0; i < t.rows; ++i)
+    for (int h = 0; h < g.group; ++h) {
+      const int j = i * g.group + h;
+      const float* qp = q + (t.row0 + i) * g.q_row_stride + (t.head * g.group + h) * D;
+      for (int d = 0; d < DV; ++d) {
+        qv[j][d] = vload(qp + d * VL) * g.scale;
+        acc[j][d] = vf{};
+      }
+      m_run[j] = -std::numeric_limits<float>::infinity();
+      l_run[j] = 0.f;
+    }
+  const int64_t bs = g.block_size;
+  const int64_t ctx_max = t.ctx0 + t.rows - 1;
+  const int32_t* table = tables + static_cast<int64_t>(t.table) * g.table_width;
+  const float* kh = kc + t.head * g.blocks * bs * D;
+  const float* vh = vc + t.head * g.blocks * bs * D;
+  float s[kMaxBlock] = {};
+  for (int64_t p0 = 0; p0 < ctx_max; p0 += bs) {
+    const int64_t blk = table[p0 / bs];
+    const float* kb = kh + blk * bs * D;
+    const float* vb = vh + blk * bs * D;
+    const int64_t n_block = std::min(bs, ctx_max - p0);
+    for (int i = 0; i < t.rows; ++i) {
+      const int64_t valid = std::min(n_block, t.ctx0 + i - p0);  // causal limit of row i
+      if (valid <= 0) continue;
+      for (int h = 0; h < g.group; ++h) {
+        const int j = i * g.group + h;
+        float mx = m_run[j];
+        for (int64_t p = 0; p < valid; ++p) {
+          vf dot = qv[j][0] * vload(kb + p * D);
+          for (int d = 1; d < DV; ++d) dot += qv[j][d] * vload(kb + p * D + d * VL);
+          s[p] = vsum(dot);
+          mx = std::max(mx, s[p]);
+        }
+        const float alpha = std::exp(m_run[j] - mx);  // 0 on the first block (-inf - mx)
+        m_run[j] = mx;
+        float l = l_run[j] * alpha;
+        for (int d = 0; d < DV; ++d) acc[j][d] *= alpha;
+        for (int64_t p = 0; p < valid; p += VL) {
+          vf e = vexp_nonpos(vload(s + p) - mx);
+          for (int64_t u = 0; u < VL && p + u < valid; ++u) {
+            const float w = e[u];
+            l += w;
+            const float* vp = vb + (p + u) * D;
+            for (int d = 0; d < DV; ++d) acc[j][d] += w * vload(vp + d * VL);
+          }
+        }
+        l_run[j] = l;
+      }
+    }
+  }
+  for (int i = 0; i < t.rows; ++i)
+    for (int h = 0; h < g.group; ++h) {
+      const int j = i * g.group + h;
+      float* op = out + (t.row0 + i) * g.out_row_stride + (t.head * g.group + h) * D;
+      const float inv = 1.f / l_run[j];
+      for (int d = 0; d < DV; ++d) vstore(op + d * VL, acc[j][d] * inv);
+    }
+}
+
+}  // namespace
+
+// Whether the kernel handles this geometry (else the caller uses the PyTorch path).
+bool supported(int64_t group, int64_t head_dim, int64_t block_size) {
+  const int64_t dv = head_dim / VL;
+  const bool dv_ok = dv == 1 || dv == 2 || dv == 4 || dv == 6 || dv == 8 || dv == 16 || dv == 32;
+  return group >= 1 && group <= kMaxGroup && head_dim % VL == 0 && head_dim <= kMaxDim && dv_ok &&
+         block_size % VL == 0 && block_size <= kMaxBlock;
+}
+
+// q: [T, H, D] (rows may be strided); caches: [H_kv, blocks, block_size, D]; tables: [S, W]
+// int32; segments: [n, 4] int32 rows (row0, rows, table, ctx0); out: [T, H, D] contiguous,
+// written only at the segments' rows.
+void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
+                          const at::Tensor& v_cache, const at::Tensor& tables,
+                          const at::Tensor& segments, double scale, at::Tensor& out) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
+                  v_cache.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
+              "paged_attention: float32 expected");
+  TORCH_CHECK(tables.scalar_type() == at::kInt && segments.scalar_type() == at::kInt,
+              "paged_attention: int32 tables and segments expected");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && tables.is_contiguous() &&
+                  segments.is_contiguous() && out.is_contiguous(),
+              "paged_attention: contiguous caches, tables, segments and out expected");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && segments.dim() == 2 && segments.size(1) == 4,
+              "paged_attention: bad ranks");
+  Geometry g;
+  g.heads = q.size(1);
+  g.dim = q.size(2);
+  g.kv_heads = k_cache.size(0);
+  g.blocks = k_cache.size(1);
+  g.block_size = k_cache.size(2);
+  g.table_width = tables.size(1);
+  g.scale = static_cast<float>(scale);
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == g.dim, "paged_attention: q heads must be dense");
+  TORCH_CHECK(k_cache.size(3) == g.dim && g.heads % g.kv_heads == 0, "paged_attention: shapes");
+  g.group = g.heads / g.kv_heads;
+  TORCH_CHECK(supported(g.group, g.dim, g.block_size), "paged_attention: unsupported geometry");
+  g.q_row_stride = q.stride(0);
+  g.out_row_stride = out.stride(0);
+
+  const int32_t* seg = segments.data_ptr<int32_t>();
+  std::vector<Task> tasks;
+  for (int64_t s = 0; s < segments.size(0); ++s) {
+    const int32_t row0 = seg[4 * s], rows = seg[4 * s + 1], table = seg[4 * s + 2],
+                  ctx0 = seg[4 * s + 3];
+    TORCH_CHECK(rows >= 0 && ctx0 >= 1 && table >= 0 && table < tables.size(0) &&
+                    row0 + rows <= q.size(0) &&
+                    (ctx0 + rows - 1 + g.block_size - 1) / g.block_size <= g.table_width,
+                "paged_attention: segment ", s, " out of range");
+    for (int32_t r = 0; r < rows; r += kTile)
+      for (int32_t h = 0; h < g.kv_heads; ++h)
+        tasks.push_back({row0 + r, std::min<int32_t>(kTile, rows - r), table, ctx0 + r, h});
+  }
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int32_t* tp = tables.data_ptr<int32_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t dv = g.dim / VL;
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t i = t0; i < t1; ++i) {
+      switch (dv) {
+#define TS_CASE(n) \
+  case n: run_task<n>(tasks[i], g, qp, kp, vp, tp, op); break;
+        TS_CASE(1) TS_CASE(2) TS_CASE(4) TS_CASE(6) TS_CASE(8) TS_CASE(16) TS_CASE(32)
+#undef TS_CASE
+        default: TORCH_CHECK(false, "paged_attention: head_dim ", g.dim, " unsupported");
+      }
+    }
+  });
+}
+
+}  // namespace tierserve

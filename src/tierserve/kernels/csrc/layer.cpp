@@ -1,0 +1,139 @@
+// One whole decoder layer of a Llama-family model in one call, for steps of few rows (decode
+// and short chunks), where the ~15 separate PyTorch ops of a layer cost more in dispatch and
+// allocation than in arithmetic:
+//
+//   h = rms_norm(x) ; qkv = h @ W_qkv (+ b) ; rope(q, k) ; K/V -> cache slots ;
+//   x += attention(q, cache) @ W_o ; h = rms_norm(x) ; gu = h @ W_gate_up ;
+//   x += (silu(gate) * up) @ W_down
+//
+// x (the residual stream) is updated in place. Attention covers every row through segments
+// (see attention.cpp), fresh prompts included: their keys are in the cache before they attend.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+
+#include <cmath>
+
+#include "vec.h"
+
+namespace tierserve {
+
+void linear_into(const at::Tensor& a, const at::Tensor& w_t, const c10::optional<at::Tensor>& bias,
+                 at::Tensor& out, bool accumulate);
+void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
+                          const at::Tensor& v_cache, const at::Tensor& tables,
+                          const at::Tensor& segments, double scale, at::Tensor& out);
+
+namespace {
+
+// out[t] = x[t] / rms(x[t]) * w, rows in parallel.
+void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * n;
+      float* o = out + r * n;
+      vf acc = vf{};
+      int64_t i = 0;
+      for (; i + VL <= n; i += VL) {
+        vf v = vload(xr + i);
+        acc += v * v;
+      }
+      float ss = vsum(acc);
+      for (; i < n; ++i) ss += xr[i] * xr[i];
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+      for (i = 0; i + VL <= n; i += VL) vstore(o + i, vload(xr + i) * inv * vload(w + i));
+      for (; i < n; ++i) o[i] = xr[i] * inv * w[i];
+    }
+  });
+}
+
+// Rotate-half rope on `heads` heads of each row, in place; cos and sin_signed are [T, D]
+// (sin's first half negated, as model/layers.py builds them).
+void rope(float* x, int64_t row_stride, const float* cos, const float* sin, int64_t rows,
+          int64_t heads, int64_t d) {
+  const int64_t half = d / 2;
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    float tmp[512];
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* c = cos + r * d;
+      const float* s = sin + r * d;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x + r * row_stride + h * d;
+        for (int64_t i = 0; i < d; ++i) tmp[i] = v[i];
+        for (int64_t i = 0; i < d; ++i) v[i] = tmp[i] * c[i] + tmp[(i + half) % d] * s[i];
+      }
+    }
+  });
+}
+
+// gu[t, :inter] = silu(gu[t, :inter]) * gu[t, inter:], in place.
+void silu_mul(float* gu, int64_t rows, int64_t inter) {
+  at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* g = gu + r * 2 * inter;
+      const float* u = g + inter;
+      int64_t i = 0;
+      for (; i + VL <= inter; i += VL) {
+        vf x = vload(g + i);
+        vf ax = x < 0 ? -x : x;
+        vf e = vexp_nonpos(-ax);  // exp(-|x|): no overflow either way
+        vf sig = x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+        vstore(g + i, x * sig * vload(u + i));
+      }
+      for (; i < inter; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  });
+}
+
+void write_kv(const float* src, int64_t row_stride, float* cache, const int64_t* slots,
+              int64_t rows, int64_t kv_heads, int64_t slots_per_head, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < kv_heads; ++h)
+      std::memcpy(cache + (h * slots_per_head + slots[r]) * d, src + r * row_stride + h * d,
+                  d * sizeof(float));
+}
+
+}  // namespace
+
+void decoder_layer(at::Tensor& x, const at::Tensor& w_qkv, const c10::optional<at::Tensor>& b_qkv,
+                   const at::Tensor& w_o, const at::Tensor& w_gate_up, const at::Tensor& w_down,
+                   const at::Tensor& ln_attn, const at::Tensor& ln_mlp, const at::Tensor& cos,
+                   const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache,
+                   const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& segments,
+                   int64_t heads, double eps) {
+  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat, "decoder_layer: x");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && slots.is_contiguous() &&
+                  slots.scalar_type() == at::kLong && ln_attn.is_contiguous() &&
+                  ln_mlp.is_contiguous(),
+              "decoder_layer: contiguous cos, sin, int64 slots and norms expected");
+  const int64_t T = x.size(0), hidden = x.size(1);
+  const int64_t kvh = k_cache.size(0), d = k_cache.size(3);
+  const int64_t slots_per_head = k_cache.size(1) * k_cache.size(2);
+  const int64_t inter = w_down.size(0), qkv_n = w_qkv.size(1);
+  TORCH_CHECK(qkv_n == (heads + 2 * kvh) * d && cos.size(0) == T && cos.size(1) == d &&
+                  slots.numel() == T && d <= 512 && w_gate_up.size(1) == 2 * inter,
+              "decoder_layer: shapes do not fit");
+  const float e = static_cast<float>(eps);
+  auto h = at::empty_like(x);
+  rms_norm(x.data_ptr<float>(), ln_attn.data_ptr<float>(), h.data_ptr<float>(), T, hidden, e);
+  auto qkv = at::empty({T, qkv_n}, x.options());
+  linear_into(h, w_qkv, b_qkv, qkv, false);
+  float* qp = qkv.data_ptr<float>();
+  rope(qp, qkv_n, cos.data_ptr<float>(), sin.data_ptr<float>(), T, heads + kvh, d);
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  write_kv(qp + (heads)*d, qkv_n, k_cache.data_ptr<float>(), sp, T, kvh, slots_per_head, d);
+  write_kv(qp + (heads + kvh) * d, qkv_n, v_cache.data_ptr<float>(), sp, T, kvh, slots_per_head,
+           d);
+  auto attn = at::empty({T, heads, d}, x.options());
+  auto q = qkv.view({T, heads + 2 * kvh, d}).narrow(1, 0, heads);
+  paged_attention_into(q, k_cache, v_cache, tables, segments, 1.0 / std::sqrt(double(d)), attn);
+  linear_into(attn.view({T, heads * d}), w_o, c10::nullopt, x, true);
+  rms_norm(x.data_ptr<float>(), ln_mlp.data_ptr<float>(), h.data_ptr<float>(), T, hidden, e);
+  auto gu = at::empty({T, 2 * inter}, x.options());
+  linear_into(h, w_gate_up, c10::nullopt, gu, false);
+  silu_mul(gu.data_ptr<float>(), T, inter);
+  linear_into(gu.narrow(1, 0, inter), w_down, c10::nullopt, x, true);
+}
+
+}  // namespace tierserve

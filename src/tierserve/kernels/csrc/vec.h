@@ -1,0 +1,89 @@
+// Portable SIMD through GCC vector extensions: one `vf` is the widest float vector the build
+// machine has (-march=native): 16 lanes with AVX-512, 8 with AVX2/AVX, 4 otherwise. The compiler
+// lowers `a * b + c` to FMA where the machine has it.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace tierserve {
+
+#if defined(__AVX512F__)
+constexpr int VL = 16;
+#elif defined(__AVX__)
+constexpr int VL = 8;
+#else
+constexpr int VL = 4;
+#endif
+
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef float vf_unaligned __attribute__((vector_size(VL * 4), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+typedef uint32_t vu __attribute__((vector_size(VL * 4)));
+
+inline vf vload(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
+inline void vstore(float* p, vf v) { *reinterpret_cast<vf_unaligned*>(p) = v; }
+inline vf vbroadcast(float x) { return vf{} + x; }
+
+// Horizontal sum as a fixed pairwise tree (log2(VL) dependent adds, not VL).
+inline float vsum(vf v) {
+  float t[VL];
+  std::memcpy(t, &v, sizeof(t));
+  for (int w = VL / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) t[i] += t[i + w];
+  return t[0];
+}
+
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+
+// exp(x) for x <= 0 (softmax after max subtraction): Cody-Waite range reduction and a degree-6
+// polynomial, relative error ~2e-7; inputs below -87 give 0.
+inline vf vexp_nonpos(vf x) {
+  const vf lo = vbroadcast(-87.0f);
+  vf xc = x < lo ? lo : x;
+  vf t = xc * 1.44269504088896341f + 12582912.0f;  // round to nearest via the 1.5 * 2^23 trick
+  vf n = t - 12582912.0f;
+  vf r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  vf p = vbroadcast(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  vf out = p * scale;
+  return x < lo ? vf{} : out;
+}
+
+// Natural log for positive normal x (Cephes' logf: mantissa in [sqrt(1/2), sqrt(2)), a
+// degree-9 polynomial), relative error ~1e-7.
+inline vf vlog_pos(vf x) {
+  vi bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  vi e = ((bits >> 23) & 0xff) - 126;
+  bits = (bits & 0x007fffff) | 0x3f000000;  // mantissa in [0.5, 1)
+  vf m;
+  std::memcpy(&m, &bits, sizeof(m));
+  vi small = m < 0.707106781186547524f;
+  vf ef = __builtin_convertvector(e + small, vf);  // small is -1 where true
+  m = m + (small ? m : vf{}) - 1.0f;
+  vf z = m * m;
+  vf y = vbroadcast(7.0376836292e-2f);
+  y = y * m - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = y * m * z;
+  y = y + ef * -2.12194440e-4f - 0.5f * z;
+  return m + y + ef * 0.693359375f;
+}
+
+}  // namespace tierserve

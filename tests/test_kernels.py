@@ -1,0 +1,100 @@
+"""The compiled CPU kernels against the PyTorch reference: GEMM, paged attention straight from
+the cache (random block tables, lengths, grouped-query layouts, prefill segments), and the
+sampler's Gumbel-max draw. Whole-model parity is in test_model.py."""
+
+import pytest
+import torch
+
+from tierserve import kernels
+
+if kernels.mode() == "off":
+    pytest.skip("TIERSERVE_KERNELS=off", allow_module_level=True)
+EXT = kernels.get()
+
+
+def test_kernels_load_when_not_switched_off():
+    # make setup builds them; a CI machine without them would silently lose the fast path.
+    assert EXT is not None
+    assert EXT.vector_lanes() in (4, 8, 16)
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n"),
+    [(1, 576, 960), (2, 64, 96), (3, 576, 576), (5, 1536, 576), (7, 100, 70), (32, 576, 3072),
+     (97, 64, 130), (200, 48, 64)],
+)  # fmt: skip
+def test_linear_matches_addmm_with_bias_and_residual(m, k, n):
+    g = torch.Generator().manual_seed(m * 1000 + n)
+    a, w = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
+    bias, res = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+    out = torch.empty(m, n)
+    EXT.linear_into(a, w, bias, out, False)
+    torch.testing.assert_close(out, torch.addmm(bias, a, w), rtol=1e-5, atol=1e-4)
+    acc = res.clone()
+    EXT.linear_into(a, w, None, acc, True)
+    torch.testing.assert_close(acc, res + a @ w, rtol=1e-5, atol=1e-4)
+    # Strided rows (a view into a wider tensor), as the model passes SiLU(gate) * up.
+    wide = torch.randn(m, 2 * k, generator=g)
+    EXT.linear_into(wide[:, :k], w, None, out, False)
+    torch.testing.assert_close(out, wide[:, :k] @ w, rtol=1e-5, atol=1e-4)
+
+
+def test_linear_rows_do_not_depend_on_the_batch():
+    """Each output is one FMA chain in k order: a row's result is bit-identical whatever else
+    is in the batch (so batching cannot flip a greedy token)."""
+    g = torch.Generator().manual_seed(1)
+    a, w = torch.randn(40, 576, generator=g), torch.randn(576, 960, generator=g)
+    full = torch.empty(40, 960)
+    EXT.linear_into(a, w, None, full, False)
+    for rows in (slice(0, 1), slice(3, 5), slice(7, 20), slice(11, 40)):
+        part = torch.empty(rows.stop - rows.start, 960)
+        EXT.linear_into(a[rows], w, None, part, False)
+        assert torch.equal(part, full[rows])
+
+
+def test_linear_rejects_bad_shapes():
+    with pytest.raises(RuntimeError, match="weight has"):
+        EXT.linear_into(torch.randn(2, 8), torch.randn(9, 4), None, torch.empty(2, 4), False)
+
+
+def reference_attention(q, kc, vc, table, ctx):
+    """One query row [H, D] against positions [0, ctx) of its paged context."""
+    hkv, _, bs, d = kc.shape
+    pos = torch.arange(ctx)
+    blk = table[pos // bs].long()
+    k = kc[:, blk, pos % bs].repeat_interleave(q.shape[0] // hkv, 0)  # [H, ctx, D]
+    v = vc[:, blk, pos % bs].repeat_interleave(q.shape[0] // hkv, 0)
+    p = ((k @ q[:, :, None])[..., 0] * d**-0.5).softmax(-1)
+    return (p[:, None, :] @ v)[:, 0]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 32), (8, 2, 128)])
+def test_paged_attention_matches_reference(heads, kv_heads, dim):
+    bs, blocks = 16, 64
+    g = torch.Generator().manual_seed(heads * dim)
+    kc = torch.randn(kv_heads, blocks, bs, dim, generator=g)
+    vc = torch.randn(kv_heads, blocks, bs, dim, generator=g)
+    tables = torch.randperm(blocks, generator=g)[:60].view(4, 15).int().contiguous()
+    # (row0, rows, table, ctx0): decodes of several lengths (block edges included) and prefill
+    # chunks continuing a cached prefix (each row sees one more position than the last).
+    segments = [(0, 1, 0, 1), (1, 1, 1, 16), (2, 1, 2, 17), (3, 21, 3, 150), (24, 9, 0, 5)]
+    rows = 33
+    q_full = torch.randn(rows, heads + kv_heads, dim, generator=g)
+    q = q_full[:, :heads]  # strided rows, as the model passes them
+    out = torch.zeros(rows, heads, dim)
+    seg = torch.tensor(segments, dtype=torch.int32)
+    EXT.paged_attention_into(q, kc, vc, tables, seg, dim**-0.5, out)
+    for row0, n, t, ctx0 in segments:
+        for i in range(n):
+            ref = reference_attention(q[row0 + i], kc, vc, tables[t], ctx0 + i)
+            torch.testing.assert_close(out[row0 + i], ref, rtol=1e-5, atol=2e-6)
+
+
+def test_paged_attention_rejects_a_segment_past_its_table():
+    kc = torch.zeros(1, 4, 16, 64)
+    tables = torch.zeros(1, 2, dtype=torch.int32)
+    seg = torch.tensor([[0, 1, 0, 40]], dtype=torch.int32)  # 40 positions need 3 blocks
+    with pytest.raises(RuntimeError, match="out of range"):
+        EXT.paged_attention_into(
+            torch.zeros(1, 1, 64), kc, kc, tables, seg, 0.125, torch.zeros(1, 1, 64)
+        )
