@@ -154,12 +154,15 @@ def _fidelity(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from tierserve.chat.template import load_chat_template
     from tierserve.serve_cli import build_configs, merged_options
     from tierserve.server import serve, tenant_registry
 
     try:  # every settings file is read and checked before the model loads
         engine_args, settings = build_configs(merged_options(args))
         tenants = tenant_registry(settings)
+        if settings.chat_template:
+            load_chat_template(settings.chat_template)
     except (ValueError, TypeError) as exc:
         print(f"tierserve serve: {exc}", file=sys.stderr)
         return 2
