@@ -132,7 +132,11 @@ def load_chat_template(value: str) -> str:
         text = value
     else:
         raise ChatTemplateError(f"chat template {value!r}: no such file")
-    ChatTemplate(text)  # compiles, or says where the syntax is wrong
+    try:
+        ChatTemplate(text)  # compiles, or says where the syntax is wrong
+    except ChatTemplateError as exc:
+        where = value if is_file else "(inline)"
+        raise ChatTemplateError(f"chat template {where}: {exc}") from None
     return text
 
 
