@@ -69,7 +69,7 @@ def test_systemd_unit_runs_a_valid_serve_command(monkeypatch):
     assert (EXAMPLES / Path(ns.config).name).exists()
     monkeypatch.chdir(EXAMPLES)
     ns.config = Path(ns.config).name
-    args, settings = build_configs(merged_options(ns))
+    _, settings = build_configs(merged_options(ns))
     assert (settings.host, settings.port) == ("0.0.0.0", 8000)
     tenant_registry(settings)  # the tenants file the config names loads
     # systemd must not kill the server before the drain has ended
