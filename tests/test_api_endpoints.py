@@ -107,6 +107,9 @@ OPEN = ["/health", "/ready", "/metrics", "/version", "/openapi.json"]
 
 
 def _check_auth(url: str) -> None:
+    paths = httpx.get(f"{url}/openapi.json").json()["paths"]
+    guarded = {p for p in paths if p.startswith("/v1") or p in ("/tokenize", "/detokenize")}
+    assert guarded == {path for _, path, _ in GUARDED}  # a new route must be listed here
     for method, path, body in GUARDED:
         r = httpx.request(method, f"{url}{path}", json=body)
         assert r.status_code == 401, (path, r.text)

@@ -3,8 +3,9 @@
 `/health`, `/ready`, `/metrics`, `/version` and `/openapi.json` are open, as in vLLM, for
 probes and scrapers.
 
-The key is checked before the body is read or validated, so a client without a key learns
-nothing about the API but the 401. The tenant found is kept on the request for the handler."""
+The key is checked before the body is validated (only an oversized or malformed body is refused
+first), so a client without a key learns nothing about the fields but the 401. The tenant found
+is kept on the request for the handler."""
 
 from __future__ import annotations
 
