@@ -127,11 +127,14 @@ def test_tool_messages_are_kept_through_the_template(server):
     assert '<|im_start|>user\n<tool_response>\n{"temp_c": 21}\n</tool_response><|im_end|>' in (
         prompt
     )
-    # the SDK's own message object, sent back as history, is accepted as well
-    first = chat(c, tools=[WEATHER]).choices[0].message
+    # an agent loop: the SDK's own message object (with its tool call) goes back as history
     ex.reply = HERMES_CALL
-    again = chat(c, messages=[*ASK, first, {"role": "user", "content": "Thanks"}])
-    assert again.choices[0].message.content == HERMES_CALL
+    first = chat(c, tools=[WEATHER]).choices[0].message
+    result = {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "21 C"}
+    ex.reply = "Done."
+    again = chat(c, messages=[*ASK, first, result], tools=[WEATHER])
+    assert again.choices[0].message.content == "Done."
+    assert '"arguments": {"city": "Paris"}}\n</tool_call><|im_end|>' in ex.prompt_text(again.id)
 
 
 @pytest.mark.parametrize(
