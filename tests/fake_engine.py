@@ -61,8 +61,13 @@ def fake_built(
     step_s: float = 0.002,
     partitions: PartitionConfig | None = None,
     max_model_len: int = 4096,
+    executor: FakeExecutor | None = None,
+    tokenizer: ChatTokenizer | None = None,
+    eos: int = EOS,
 ) -> BuiltEngine:
-    ex = SlowFakeExecutor(num_blocks, block_size, step_s=step_s)
+    """The fake stack; `executor` (built for `num_blocks` x `block_size`), `tokenizer` and
+    `eos` replace the defaults."""
+    ex = executor or SlowFakeExecutor(num_blocks, block_size, step_s=step_s)
     parts = partitions or PartitionConfig()
     core = EngineCore.build(
         ex,
@@ -86,8 +91,8 @@ def fake_built(
     )
     return BuiltEngine(
         engine=core,
-        tokenizer=tiny_tokenizer(),
-        model_config=SimpleNamespace(eos_token_ids=(EOS,)),
+        tokenizer=tokenizer or tiny_tokenizer(),
+        model_config=SimpleNamespace(eos_token_ids=(eos,)),
         model_name="fake",
         executor=ex,
         args=args,

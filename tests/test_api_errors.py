@@ -61,13 +61,13 @@ class _Broken:
 
 def test_unexpected_exception_is_a_json_500_with_a_logged_request_id(server, caplog):
     url, state = server
-    real = state.tokenizer
-    state.tokenizer = _Broken(real, "encode_chat")
+    real = state.chat
+    state.chat = _Broken(real, "encode")
     try:
         with caplog.at_level(logging.ERROR, logger="tierserve.api"):
             r = httpx.post(f"{url}/v1/chat/completions", json=ask())
     finally:
-        state.tokenizer = real
+        state.chat = real
     err = openai_error(r, 500)
     rid = r.headers["x-request-id"]
     assert rid in err["message"] and err["type"] == "server_error"
@@ -173,7 +173,10 @@ def test_openapi_documents_what_the_server_answers(server):
     assert "Retry-After" in schema["paths"]["/ready"]["get"]["responses"]["503"]["headers"]
     props = schema["components"]["schemas"]["CompletionRequest"]["properties"]
     assert (props["n"]["minimum"], props["n"]["maximum"]) == (1, 8)
-    assert props["max_tokens"]["anyOf"][0]["minimum"] == 1
+    assert props["max_tokens"]["anyOf"][0]["minimum"] == 0  # 0 (scoring): "not supported yet"
+    assert "Not supported yet" in props["max_tokens"]["description"]
+    chat = schema["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert chat["max_tokens"]["anyOf"][0]["minimum"] == 1
     assert '"ge"' not in json.dumps(schema)  # every bound is a JSON Schema keyword
     assert props["max_tokens"]["anyOf"][0]["maximum"] == state.max_model_len - 1
     assert props["prompt"]["anyOf"][0]["minLength"] == 1

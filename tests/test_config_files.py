@@ -127,6 +127,8 @@ def test_config_switch_false_means_false(tmp_path):
             "burst",
         ),
         ("--config", "no_aging: 'false'\n", "'no_aging'"),
+        ("--config", "chat_template: 5\n", "'chat_template'"),
+        ("--chat-template", "{{ messages }}\n{% for %}\n", "not valid Jinja (line 2)"),
     ],
 )
 def test_serve_exits_with_a_one_line_error(tmp_path, flag, text, needle):

@@ -85,3 +85,14 @@ def test_bad_config_is_a_clear_error(tmp_path):
     cfg.write_text("max_num_seqs: lots\n")
     with pytest.raises(ValueError, match="max_num_seqs"):
         parse("--config", str(cfg))
+
+
+def test_chat_template_from_the_flag_or_the_config_file(tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0].content }}")
+    _, settings = parse("--chat-template", str(template))
+    assert settings.chat_template == str(template)
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(f"chat_template: {template}\n")
+    _, settings = parse("--config", str(cfg))
+    assert settings.chat_template == str(template)

@@ -154,6 +154,7 @@ def _fidelity(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from tierserve.chat.template import load_chat_template
     from tierserve.cluster.launch import cluster_options
     from tierserve.serve_cli import build_configs, merged_options
     from tierserve.server import serve, tenant_registry
@@ -163,6 +164,8 @@ def _serve(args: argparse.Namespace) -> int:
         engine_args, settings = build_configs(opts)
         tenants = tenant_registry(settings)
         cluster = cluster_options(opts)
+        if settings.chat_template:
+            load_chat_template(settings.chat_template)
     except (ValueError, TypeError) as exc:
         print(f"tierserve serve: {exc}", file=sys.stderr)
         return 2

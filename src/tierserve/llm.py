@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 
+from tierserve.chat.prompt import ChatPrompter
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.builder import build_engine
 from tierserve.engine.output_processor import OutputProcessor
@@ -37,6 +38,7 @@ class LLM:
         built = build_engine(EngineArgs(model=model, **kwargs))
         self.engine = built.engine
         self.tokenizer = built.tokenizer
+        self.chat = ChatPrompter(built.tokenizer)
         self.model_config = built.model_config
         self.executor = built.executor
         self._ids = itertools.count()
@@ -45,7 +47,7 @@ class LLM:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
         if prompt and isinstance(prompt[0], dict):
-            return self.tokenizer.encode_chat(prompt)
+            return self.chat.encode(self.chat.render(prompt))
         return list(prompt)
 
     def generate(

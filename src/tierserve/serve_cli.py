@@ -9,6 +9,7 @@ and an unknown key is an error that suggests the closest known one."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,6 +26,8 @@ from tierserve.config import (
 from tierserve.config_file import ConfigFileError, FileModel, read_yaml, validate_file
 from tierserve.engine.args import EngineArgs
 from tierserve.priority import parse_priority
+
+API_KEY_ENV = "TIERSERVE_API_KEY"
 
 
 def size(text: str) -> int | float:
@@ -69,7 +72,18 @@ OPTIONS = [
     ("--wfq-weights", float, 4, "WFQ weights P0..P3 (16 8 4 2)"),
     ("--aging-thresholds", sla, 4, "seconds before promotion P0..P3 (none 30 15 5)"),
     ("--tenants", str, None, "tenants file (YAML): keys, entitlements, rate limits"),
-    ("--api-key", str, None, "single-key mode: require this Bearer key"),
+    (
+        "--api-key",
+        str,
+        None,
+        "single-key mode: require this Bearer key (default: $TIERSERVE_API_KEY)",
+    ),
+    (
+        "--chat-template",
+        str,
+        None,
+        "Jinja chat template file (or inline template) replacing the model's",
+    ),
     ("--max-queued-requests", int, 4, "queue limit per class P0..P3"),
     ("--max-queued-tokens", int, 4, "queued-token limit per class P0..P3"),
     ("--rate-limit", float, None, "global token bucket rate (prompt+max_tokens per second)"),
@@ -257,8 +271,11 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
         "shutdown_grace_s",
         "log_level",
         "api_key",
+        "chat_template",
     )
     srv_kw = {k: opts[k] for k in server_keys if k in opts}
+    if srv_kw.get("api_key") is None and os.environ.get(API_KEY_ENV):
+        srv_kw["api_key"] = os.environ[API_KEY_ENV]  # the flag (or the config file) wins
     settings = ServerSettings(
         **srv_kw, served_model_names=tuple(names), tenants_file=opts.get("tenants")
     )

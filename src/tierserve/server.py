@@ -21,6 +21,8 @@ from tierserve.api.drain import FLUSH_S, drain
 from tierserve.api.settings import ServerSettings
 from tierserve.api.state import ServerState
 from tierserve.api.tenancy import TenantRegistry
+from tierserve.chat.prompt import ChatPrompter
+from tierserve.chat.template import load_chat_template
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.async_engine import AsyncEngine
 from tierserve.engine.builder import BuiltEngine, build_engine
@@ -70,6 +72,7 @@ def build_state(
 
     engine.set_observers(on_event, on_step, metrics.on_snapshot, metrics.on_tokens)
     metrics.on_snapshot(engine.snapshot)  # gauges are right before the first request
+    template = load_chat_template(settings.chat_template) if settings.chat_template else None
     return ServerState(
         engine=engine,
         tokenizer=built.tokenizer,
@@ -79,6 +82,7 @@ def build_state(
         settings=settings,
         max_model_len=sched.config.max_model_len,
         eos_token_ids=built.model_config.eos_token_ids,
+        chat=ChatPrompter(built.tokenizer, template),
     )
 
 
@@ -115,6 +119,8 @@ def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | 
         log.debug("glibc mmap threshold fixed at 4 MiB")
     state = build_state(args, settings, tenants=tenants)
     mode = state.tenants.mode
+    if settings.tenants_file and settings.api_key:
+        log.warning("--api-key (or $TIERSERVE_API_KEY) is ignored: the tenants file has the keys")
     if mode == "open":
         log.warning("single-tenant mode: no tenants file and no API key; anyone may use any tier")
     else:

@@ -5,17 +5,24 @@ from __future__ import annotations
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from tierserve.api import chat_routes, completion_routes, tokenizer_routes
+from tierserve.api.auth import authenticated
 from tierserve.api.errors import APIError, error_response, retry_after_header
 from tierserve.api.middleware import BodySizeLimit, InternalErrors
-from tierserve.api.openai_routes import router
-from tierserve.api.openapi import METRICS_RESPONSES, READY_RESPONSES, install_openapi
+from tierserve.api.openapi import (
+    AUTH_RESPONSES,
+    HEALTH_RESPONSES,
+    METRICS_RESPONSES,
+    READY_RESPONSES,
+    install_openapi,
+)
 from tierserve.api.state import ServerState
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
@@ -30,9 +37,13 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return f"malformed JSON body: {e.get('ctx', {}).get('error', e.get('msg'))}", None
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
     field = ".".join(loc) or None
-    msg = e.get("msg", "invalid value")
+    msg = e.get("msg", "invalid value").removeprefix("Value error, ")
     if e.get("type") == "missing":
         return f"missing required field '{field}'", field
+    if e.get("type") == "extra_forbidden":
+        return f"unknown field '{field}': not part of this API (see docs/api.md)", field
+    if field is None:
+        return f"invalid request: {msg}", None
     return f"invalid value for '{field}': {msg}", field
 
 
@@ -69,7 +80,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="tierserve", lifespan=lifespan)
     app.state.tierserve = state
-    app.include_router(router)
+    for module in (chat_routes, completion_routes, tokenizer_routes):
+        app.include_router(module.router)
+    app.include_router(tokenizer_routes.open_router)
 
     @app.exception_handler(APIError)
     async def _api_error(_req: HTTPRequest, exc: APIError):
@@ -84,9 +97,17 @@ def create_app(state: ServerState) -> FastAPI:
     async def _starlette_error(req: HTTPRequest, exc: HTTPException):
         return error_response(_http_error(req, exc))
 
-    @app.get("/health")
+    @app.get("/health", responses=HEALTH_RESPONSES)
     async def health():
-        return {"status": "ok"}
+        eng = state.engine
+        if eng.is_alive():
+            return {"status": "ok"}
+        why = f"engine stopped: {eng.error!r}" if eng.error is not None else "engine stopped"
+        return JSONResponse(
+            {"status": "unhealthy", "reason": why},
+            status_code=503,
+            headers={"Retry-After": retry_after_header(None)},
+        )
 
     @app.get("/ready", responses=READY_RESPONSES)
     async def ready():
@@ -105,7 +126,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def metrics():
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=[Depends(authenticated)], responses=AUTH_RESPONSES)
     async def models():
         created = int(state.started)
         data = [

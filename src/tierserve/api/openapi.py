@@ -10,6 +10,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
 
+from tierserve.api.unsupported import pending_fields
+
 
 class ErrorBody(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -75,8 +77,9 @@ COMPLETION_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     400: _err(
         "invalid request: malformed JSON or UTF-8, a wrong type (booleans are true/false, "
-        "numbers are numbers), a value out of range, or a prompt + max_tokens beyond the "
-        "context; the message names the field"
+        "numbers are numbers), a value out of range, an unknown field, a feature not "
+        "supported yet, messages the chat template refuses, or a prompt + max_tokens beyond "
+        "the context; the message names the field"
     ),
     401: _err("missing or unknown API key (when keys are configured)"),
     404: _err("unknown model"),
@@ -89,6 +92,24 @@ COMPLETION_RESPONSES: dict[int | str, dict[str, Any]] = {
         OverloadResponse,
         True,
     ),
+}
+AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: _err("missing or unknown API key (when keys are configured)"),
+}
+TOKENIZER_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _err(
+        "invalid request: a wrong type or value, an unknown field, token ids beyond the "
+        "vocabulary, or messages the chat template refuses; the message names the field"
+    ),
+    401: AUTH_RESPONSES[401],
+    404: _err("unknown model"),
+    413: _err("request body too large"),
+}
+HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    503: {
+        "description": "the engine thread has stopped (crashed): restart the server",
+        "headers": _RETRY_AFTER,
+    }
 }
 READY_RESPONSES: dict[int | str, dict[str, Any]] = {
     503: {
@@ -104,14 +125,28 @@ METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+def _bound(alt: dict, bounds: dict) -> None:
+    """Add `bounds` to an integer schema, or to the integers inside arrays of them."""
+    if alt.get("type") == "integer":
+        alt.update(bounds)
+    elif alt.get("type") == "array":
+        _bound(alt["items"], bounds)
+
+
 def _limit(schema: dict, model: str, field: str, **bounds) -> None:
     """Add bounds to `model.field`, also inside an `anyOf` (optional fields)."""
     prop = schema["components"]["schemas"][model]["properties"][field]
     for alt in prop.get("anyOf", [prop]):
-        if alt.get("type") == "integer":
-            alt.update(bounds)
-        elif alt.get("type") == "array" and alt["items"].get("type") == "integer":
-            alt["items"].update(bounds)
+        _bound(alt, bounds)
+
+
+def _describe_pending(schema: dict, model: str, route: str) -> None:
+    """Each field on the not-supported-yet list says so in its description."""
+    props = schema["components"]["schemas"][model]["properties"]
+    for name, what in pending_fields(route).items():
+        note = f"Not supported yet: {what} is answered 400."
+        old = props[name].get("description")
+        props[name]["description"] = f"{old} {note}" if old else note
 
 
 def install_openapi(app: FastAPI, max_request_bytes: int, max_model_len: int, vocab: int) -> None:
@@ -136,6 +171,12 @@ def install_openapi(app: FastAPI, max_request_bytes: int, max_model_len: int, vo
             _limit(schema, model, "max_tokens", maximum=max_model_len - 1)
         _limit(schema, "ChatCompletionRequest", "max_completion_tokens", maximum=max_model_len - 1)
         _limit(schema, "CompletionRequest", "prompt", maximum=vocab - 1)
+        _limit(schema, "DetokenizeRequest", "tokens", maximum=vocab - 1)
+        for model, route in (
+            ("ChatCompletionRequest", "chat"),
+            ("CompletionRequest", "completions"),
+        ):
+            _describe_pending(schema, model, route)
         app.openapi_schema = schema
         return schema
 

@@ -1,21 +1,25 @@
 """OpenAI-compatible request bodies (pydantic), plus tierserve's extensions: `priority`
-(vLLM-compatible integer, lower = more urgent) and `sla_latency_ms`.
+(vLLM-compatible integer, lower = more urgent) and `sla_latency_ms`. Chat bodies are in
+`chat_protocol.py`.
 
 Validation is strict: a boolean is `true` or `false` (not "yes", not 1), a number is a JSON
 number (not a string), an integer is a whole number (`8` or, as JSON Schema has it, `8.0`; not
-`8.5`, not `"8"`), NaN and infinities are refused. Unknown fields are accepted and ignored,
-as OpenAI clients send many. Every limit checked here appears in the OpenAPI schema."""
+`8.5`, not `"8"`), NaN and infinities are refused. An unknown field is refused with a 400 that
+names it: nothing sent is silently ignored. A field the API defines but tierserve does not
+implement yet is declared here with its type and range, and refused by `unsupported.py` when it
+asks for more than its neutral value. Every limit checked here appears in the OpenAPI schema."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 MAX_N = 8
+MAX_PROMPTS = 256  # prompts in one completions request
 SEED_MAX = 2**63 - 1
-_STRICT = ConfigDict(strict=True, allow_inf_nan=False)
-_Text = Annotated[str, Field(min_length=1)]
+BODY = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+Text = Annotated[str, Field(min_length=1)]
 
 
 def _whole(v):
@@ -29,52 +33,67 @@ def _int(**bounds):
     return Annotated[int, Field(**bounds), BeforeValidator(_whole)]
 
 
-_AtLeast1 = _int(ge=1)
+AtLeast1 = _int(ge=1)
+NonNegative = _int(ge=0)
 _N = _int(ge=1, le=MAX_N)
-_NonNegative = _int(ge=0)
 _Seed = _int(ge=-SEED_MAX, le=SEED_MAX)
 _Priority = _int(ge=0, le=3)
-_TopLogprobs = _int(ge=0, le=20)
 _Logprobs = _int(ge=0, le=5)
+_Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+_TokenKey = Annotated[str, Field(pattern=r"^[0-9]+$")]
+_Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
-# The prompt's three forms, with the limits the validator below enforces.
+# The prompt's four forms, with the limits the validator below enforces (the largest token id
+# is added at start, from the vocabulary).
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 PROMPT_SCHEMA = {
     "title": "Prompt",
-    "description": "text, a list of one text, or token ids (each below the vocabulary size)",
+    "description": "a text, a list of texts, token ids, or a list of token-id lists; each "
+    f"prompt gets `n` choices (at most {MAX_PROMPTS} prompts)",
     "anyOf": [
         {"type": "string", "minLength": 1},
-        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
         {
             "type": "array",
             "items": {"type": "string", "minLength": 1},
             "minItems": 1,
-            "maxItems": 1,
+            "maxItems": MAX_PROMPTS,
         },
+        _IDS,
+        {"type": "array", "items": _IDS, "minItems": 1, "maxItems": MAX_PROMPTS},
     ],
 }
 
 
 class StreamOptions(BaseModel):
-    model_config = _STRICT
+    model_config = BODY
 
     include_usage: bool = False
 
 
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow", **_STRICT)
+class Common(BaseModel):
+    model_config = BODY
 
     model: str | None = None
-    max_tokens: _AtLeast1 | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: _NonNegative = 0
+    top_k: NonNegative = 0
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     n: _N = 1
     seed: _Seed | None = None
-    stop: _Text | list[_Text] | None = None
+    stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    user: str | None = Field(None, description="the end user, for the client's own records")
+    # The sampler's next fields: declared with their ranges, refused beyond their neutral value
+    # until implemented (api/unsupported.py).
+    presence_penalty: _Penalty = 0.0
+    frequency_penalty: _Penalty = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0)] = 1.0
+    logit_bias: dict[_TokenKey, _Bias] | None = None
+    min_tokens: NonNegative = 0
+    stop_token_ids: list[NonNegative] | None = None
+    skip_special_tokens: bool = True
     # tierserve extensions
     priority: _Priority | None = None
     sla_latency_ms: Annotated[float, Field(gt=0)] | None = None
@@ -101,44 +120,45 @@ class _Common(BaseModel):
         return v
 
 
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow", **_STRICT)
-
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow", **_STRICT)
-
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[ContentPart] | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, list):  # content parts: keep the text ones
-            return "".join(p.text or "" for p in self.content if p.type == "text")
-        return self.content or ""
-
-
-class ChatCompletionRequest(_Common):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: _AtLeast1 | None = None
-    logprobs: bool = False
-    top_logprobs: _TopLogprobs | None = None
-
-
-class CompletionRequest(_Common):
-    prompt: Annotated[str | list[_NonNegative] | list[str], WithJsonSchema(PROMPT_SCHEMA)]
+class CompletionRequest(Common):
+    prompt: Annotated[
+        str | list[str] | list[NonNegative] | list[list[NonNegative]],
+        WithJsonSchema(PROMPT_SCHEMA),
+    ]
+    max_tokens: NonNegative | None = None
     logprobs: _Logprobs | None = None
     echo: bool = False
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_form(cls, v):
+        if isinstance(v, list) and v:
+            number = all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+            same = (
+                number or all(isinstance(x, str) for x in v) or all(isinstance(x, list) for x in v)
+            )
+            if not same:
+                raise ValueError(
+                    "a prompt list holds texts, token ids, or token-id lists, not a mix"
+                )
+        return v
+
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v):
-        if isinstance(v, list) and v and isinstance(v[0], str):
-            if len(v) != 1:
-                raise ValueError("one prompt per request is supported; send a list of one")
-            v = v[0]
+    def _prompts(cls, v):
         if len(v) == 0:
             raise ValueError("prompt must not be empty")
+        if isinstance(v, list) and isinstance(v[0], str | list):
+            if len(v) > MAX_PROMPTS:
+                raise ValueError(f"at most {MAX_PROMPTS} prompts per request, got {len(v)}")
+            for i, p in enumerate(v):
+                if len(p) == 0:
+                    raise ValueError(f"prompt {i} is empty")
         return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, each a text or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str) or not isinstance(p[0], str | list):
+            return [p]
+        return list(p)

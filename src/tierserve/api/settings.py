@@ -16,3 +16,4 @@ class ServerSettings:
     default_max_tokens: int = 512
     shutdown_grace_s: float = 10.0
     log_level: str = "info"
+    chat_template: str | None = None  # a file (or inline Jinja) overriding the model's template

@@ -1,5 +1,5 @@
 """Everything a request handler needs, built once per server, and the request preparation that
-chat and completions share: authentication, priority, context checks, admission, Requests."""
+chat and completions share: priority, context checks, admission, Requests."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from tierserve.admission import AdmissionController
+from tierserve.api.auth import request_tenant
 from tierserve.api.errors import APIError, admission_response
-from tierserve.api.protocol import _Common
+from tierserve.api.protocol import Common
 from tierserve.api.settings import ServerSettings
-from tierserve.api.tenancy import AuthError, BadPriority, Resolution, TenantRegistry
+from tierserve.api.tenancy import BadPriority, Resolution, TenantRegistry
+from tierserve.chat.prompt import ChatPrompter
 from tierserve.engine.async_engine import AsyncEngine, EngineDeadError
 from tierserve.metrics import Metrics
 from tierserve.model.tokenizer import ChatTokenizer
@@ -33,6 +35,7 @@ class ServerState:
     settings: ServerSettings
     max_model_len: int
     eos_token_ids: tuple[int, ...]
+    chat: ChatPrompter
     draining: bool = False
     started: float = field(default_factory=time.time)
 
@@ -46,7 +49,7 @@ class Prepared:
     streams: list = field(default_factory=list)
 
 
-def _sampling(body: _Common, max_tokens: int, eos: tuple[int, ...], seed_offset: int):
+def _sampling(body: Common, max_tokens: int, eos: tuple[int, ...], seed_offset: int):
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -64,16 +67,17 @@ def _sampling(body: _Common, max_tokens: int, eos: tuple[int, ...], seed_offset:
         raise APIError(400, str(exc)) from None
 
 
-def _requests(state, body, prompt_ids, max_tokens, res, tenant, prefix) -> list[Request]:
-    """One engine Request per choice (`n`), sharing an id prefix."""
+def _requests(state, body, prompts, max_tokens, res, tenant, prefix) -> list[Request]:
+    """One engine Request per choice: prompt i, choice j is request (and index) i * n + j,
+    seeded `seed + j` (so a prompt gets the same choices alone or in a list)."""
     now = state.engine.core.clock.now()
     rid = f"{prefix}-{uuid.uuid4().hex[:16]}"
     deadline = now + body.sla_latency_ms / 1000 if body.sla_latency_ms else None
     return [
         Request(
-            f"{rid}-{i}",
-            list(prompt_ids),
-            _sampling(body, max_tokens, state.eos_token_ids, i),
+            f"{rid}-{i * body.n + j}",
+            list(ids),
+            _sampling(body, limit, state.eos_token_ids, j),
             priority=res.priority,
             tenant=tenant.name,
             arrival_time=now,
@@ -81,36 +85,66 @@ def _requests(state, body, prompt_ids, max_tokens, res, tenant, prefix) -> list[
             cache_salt=tenant.cache_salt,
             eos_token_id=state.eos_token_ids[0] if state.eos_token_ids else None,
         )
-        for i in range(body.n)
+        for i, (ids, limit) in enumerate(zip(prompts, max_tokens, strict=True))
+        for j in range(body.n)
     ]
 
 
-def prepare(
-    state: ServerState,
-    http: HTTPRequest,
-    body: _Common,
-    prompt_ids: list[int],
-    max_tokens: int | None,
-    prefix: str,
-) -> Prepared | JSONResponse:
-    """Validate and admit a request; return its engine Requests, or a refusal response."""
-    if state.draining:  # 503 with Retry-After: another replica, or this one after a restart
-        raise APIError(503, "the server is shutting down", "resource_exhausted")
-    if body.model is not None and body.model not in state.settings.served_model_names:
+def check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model not in state.settings.served_model_names:
         raise APIError(
             404,
-            f"the model {body.model!r} does not exist; served: "
+            f"the model {model!r} does not exist; served: "
             f"{', '.join(state.settings.served_model_names)}",
             "invalid_request_error",
             "model",
             "model_not_found",
         )
-    try:
-        tenant = state.tenants.authenticate(
-            http.headers.get("authorization"), http.headers.get("x-tenant-id")
-        )
-    except AuthError as exc:
-        raise APIError(401, str(exc), "authentication_error") from None
+
+
+def _max_tokens(state: ServerState, prompts, max_tokens: int | None, param: str) -> list[int]:
+    """Each prompt's completion budget; a 400 naming both numbers when it cannot fit."""
+    limit, out = state.max_model_len, []
+    for i, ids in enumerate(prompts):
+        which = f"prompt {i} has" if len(prompts) > 1 else "prompt has"
+        n_prompt = len(ids)
+        if n_prompt >= limit:
+            raise APIError(
+                400,
+                f"the {which} {n_prompt} tokens; the model's context is {limit} "
+                "tokens (prompt + completion)",
+                param=param,
+            )
+        if max_tokens is None:
+            out.append(min(state.settings.default_max_tokens, limit - n_prompt))
+        elif n_prompt + max_tokens > limit:
+            raise APIError(
+                400,
+                f"the model's context is {limit} tokens, but {n_prompt + max_tokens} "
+                f"were requested ({n_prompt} in the {which.removesuffix(' has')}, "
+                f"{max_tokens} for the completion)",
+                param="max_tokens",
+            )
+        else:
+            out.append(max_tokens)
+    return out
+
+
+def prepare(
+    state: ServerState,
+    http: HTTPRequest,
+    body: Common,
+    prompts: list[list[int]],
+    max_tokens: int | None,
+    prefix: str,
+    param: str = "messages",
+) -> Prepared | JSONResponse:
+    """Validate and admit a request (`n` choices for each of `prompts`); return its engine
+    Requests, or a refusal response."""
+    if state.draining:  # 503 with Retry-After: another replica, or this one after a restart
+        raise APIError(503, "the server is shutting down", "resource_exhausted")
+    check_model(state, body.model)
+    tenant = request_tenant(state, http)
     try:
         res = state.tenants.resolve(tenant, http.headers.get("x-request-tier"), body.priority)
     except BadPriority as exc:
@@ -119,30 +153,15 @@ def prepare(
             f"{exc} (valid tiers: {', '.join(VALID_TIER_NAMES)}; body priority: 0..3)",
             param="priority",
         ) from None
-    n_prompt, limit = len(prompt_ids), state.max_model_len
-    if n_prompt >= limit:
-        raise APIError(
-            400,
-            f"the prompt has {n_prompt} tokens; the model's context is {limit} "
-            "tokens (prompt + completion)",
-            param="messages",
-        )
-    if max_tokens is None:
-        max_tokens = min(state.settings.default_max_tokens, limit - n_prompt)
-    elif n_prompt + max_tokens > limit:
-        raise APIError(
-            400,
-            f"the model's context is {limit} tokens, but {n_prompt + max_tokens} "
-            f"were requested ({n_prompt} in the prompt, {max_tokens} for the "
-            "completion)",
-            param="max_tokens",
-        )
-    reqs = _requests(state, body, prompt_ids, max_tokens, res, tenant, prefix)
+    budgets = _max_tokens(state, prompts, max_tokens, param)
+    reqs = _requests(state, body, prompts, budgets, res, tenant, prefix)
     try:  # what the scheduler would refuse (KV capacity of the class), refused here with a 400
-        state.engine.limits.check(reqs[0])
+        for r in reqs[:: body.n]:
+            state.engine.limits.check(r)
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
-    decision = state.admission.decide(res.priority, tenant.name, (n_prompt + max_tokens) * body.n)
+    cost = sum(len(ids) + m for ids, m in zip(prompts, budgets, strict=True)) * body.n
+    decision = state.admission.decide(res.priority, tenant.name, cost)
     if not decision.admitted:
         state.metrics.on_rejected(decision.error_type or "invalid_request", res.priority)
         return admission_response(decision)

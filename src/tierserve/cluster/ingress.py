@@ -27,6 +27,8 @@ from tierserve.admission import AdmissionController
 from tierserve.api.app import create_app
 from tierserve.api.settings import ServerSettings
 from tierserve.api.state import ServerState
+from tierserve.chat.prompt import ChatPrompter
+from tierserve.chat.template import load_chat_template
 from tierserve.clock import WallClock
 from tierserve.cluster.fleet import FleetView
 from tierserve.cluster.observe import IngressMetrics
@@ -80,6 +82,7 @@ class Ingress:
         limits = RequestLimits(
             **{k: tuple(v) if isinstance(v, list) else v for k, v in spec["limits"].items()}
         )
+        template = load_chat_template(settings.chat_template) if settings.chat_template else None
         clock = WallClock()
         streaming = engine.options(stream=True)
         self.remote = RemoteEngine(
@@ -106,6 +109,7 @@ class Ingress:
             settings=settings,
             max_model_len=limits.max_model_len,
             eos_token_ids=tuple(spec["eos_token_ids"]),
+            chat=ChatPrompter(tokenizer, template),
         )
         self._board = board
         self._period = view_period_s

@@ -1,0 +1,142 @@
+"""/v1/chat/completions: messages through the chat template, the answer as a message, with the
+tool calls found in it (`tool_choice` auto; chat/tool_parser.py) as OpenAI's `tool_calls`."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Depends
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse
+
+from tierserve.api.auth import authenticated
+from tierserve.api.chat_protocol import ChatCompletionRequest
+from tierserve.api.errors import APIError
+from tierserve.api.generation import (
+    MakeChoice,
+    collect,
+    response_base,
+    server_state,
+    stream,
+    token_text,
+    usage,
+)
+from tierserve.api.openapi import COMPLETION_RESPONSES
+from tierserve.api.state import ServerState, prepare
+from tierserve.api.unsupported import refuse_unsupported
+from tierserve.chat.template import ChatTemplateError
+from tierserve.chat.tool_parser import ParsedCall, ToolCallParser, parse_tool_calls
+from tierserve.engine.async_engine import StreamDelta
+
+router = APIRouter(dependencies=[Depends(authenticated)])
+
+
+def render_messages(state: ServerState, body, add_generation_prompt: bool) -> str:
+    """The chat template over `body`'s messages (and tools, documents, template kwargs)."""
+    try:
+        return state.chat.render(
+            [m.for_template() for m in body.messages],
+            tools=body.template_tools(),
+            documents=getattr(body, "documents", None),
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            kwargs=body.chat_template_kwargs,
+        )
+    except ChatTemplateError as exc:
+        raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from None
+
+
+def _logprobs(state: ServerState, tokens: list[int], lps: list[float]) -> dict:
+    content = []
+    for t, lp in zip(tokens, lps, strict=False):
+        s = token_text(state, t)
+        content.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []})
+    return {"content": content}
+
+
+def _tool_call(call: ParsedCall) -> dict:
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+def _finish(reason: str | None, called: bool) -> str | None:
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def _streamer(state: ServerState, body: ChatCompletionRequest, tools: list[str]) -> MakeChoice:
+    parsers: dict[int, ToolCallParser] = {}
+    max_calls = None if body.parallel_tool_calls else 1
+
+    def choice(i: int, d: StreamDelta, first: bool) -> dict | None:
+        delta: dict = {"role": "assistant"} if first else {}
+        content, calls = d.text, []
+        if tools:
+            p = parsers.setdefault(i, ToolCallParser(tools))
+            before = p.num_calls
+            events = p.feed(d.text) + (p.finish() if d.finished else [])
+            content = "".join(e for kind, e in events if kind == "content")
+            calls = [e for kind, e in events if kind == "call"]
+            if max_calls is not None:
+                calls = calls[: max(0, max_calls - before)]
+            if calls:
+                delta["tool_calls"] = [
+                    {"index": before + k, **_tool_call(c)} for k, c in enumerate(calls)
+                ]
+        if content:
+            delta["content"] = content
+        out = {"index": i, "delta": delta, "logprobs": None, "finish_reason": None}
+        if d.finished:
+            called = bool(tools) and parsers[i].num_calls > 0
+            out["finish_reason"] = _finish(d.finish_reason, called)
+        if body.logprobs and d.token_ids:
+            out["logprobs"] = _logprobs(state, d.token_ids, d.logprobs)
+        if not (first or delta or d.finished or out["logprobs"]):
+            return None  # text held back by the tool parser: nothing to say yet
+        return out
+
+    return choice
+
+
+@router.post("/v1/chat/completions", responses=COMPLETION_RESPONSES)
+async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
+    state = server_state(http)
+    refuse_unsupported(body, "chat")
+    text = render_messages(state, body, body.add_generation_prompt)
+    prompt_ids = state.chat.encode(text)
+    if not prompt_ids:
+        raise APIError(
+            400, "the chat template renders these messages as no tokens", param="messages"
+        )
+    prep = prepare(
+        state, http, body, [prompt_ids], body.max_completion_tokens or body.max_tokens, "chatcmpl"
+    )
+    if isinstance(prep, JSONResponse):
+        return prep
+    base = response_base(state, prep, body.model)
+    tools = body.parse_tools()
+    if body.stream:
+        chunk = {**base, "object": "chat.completion.chunk"}
+        return stream(state, prep, chunk, body, len(prompt_ids), _streamer(state, body, tools))
+    out = []
+    choices = await collect(state, http, prep)
+    for i, c in enumerate(choices):
+        content, calls = parse_tool_calls(c.text, tools) if tools else (c.text, [])
+        message: dict = {"role": "assistant", "content": content}
+        if calls:
+            calls = calls if body.parallel_tool_calls else calls[:1]
+            message["tool_calls"] = [_tool_call(call) for call in calls]
+        item = {
+            "index": i,
+            "message": message,
+            "logprobs": _logprobs(state, c.tokens, c.logprobs) if body.logprobs else None,
+            "finish_reason": _finish(c.finish_reason, bool(calls)),
+        }
+        out.append(item)
+    total = usage(len(prompt_ids), sum(c.completion_tokens for c in choices))
+    return JSONResponse(
+        {**base, "object": "chat.completion", "choices": out, "usage": total},
+        headers=prep.headers,
+    )
