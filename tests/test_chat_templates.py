@@ -205,3 +205,20 @@ def test_embedded_models_template_renders_as_transformers_does():
     assert ids == theirs.apply_chat_template(
         CASES[1][1], tokenize=True, add_generation_prompt=True, return_dict=False
     )
+
+
+def test_a_model_whose_own_template_uses_loop_controls_loads_and_renders():
+    """ChatTokenizer used to compile the model's template in a plain Jinja environment at load,
+    so a template with {% break %} failed before tierserve.chat ever saw it."""
+    from tests.fake_engine import tiny_tokenizer
+    from tierserve.chat.prompt import ChatPrompter
+    from tierserve.model.tokenizer import ChatTokenizer
+
+    src = (
+        "{% for m in messages %}{{ m['content'] }}"
+        "{% if loop.index == 1 %}{% break %}{% endif %}{% endfor %}"
+    )
+    base = tiny_tokenizer()
+    tok = ChatTokenizer(base.tokenizer, src, None, "</s>")
+    msgs = [{"role": "user", "content": "w1"}, {"role": "user", "content": "w2"}]
+    assert ChatPrompter(tok).render(msgs, add_generation_prompt=False) == "w1"

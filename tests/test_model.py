@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from tierserve.chat.prompt import ChatPrompter
 from tierserve.executor.batch import build_batch
 from tierserve.executor.torch_executor import RequestState, TorchExecutor
 from tierserve.model.llama import FUSED_MAX_ROWS, LlamaModel
@@ -17,6 +18,11 @@ from tierserve.sampling_params import SamplingParams
 pytestmark = pytest.mark.model
 CPU = torch.device("cpu")
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    chat = ChatPrompter(tokenizer)
+    return chat.encode(chat.render([{"role": "user", "content": text}]))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +65,7 @@ def run_rows(model, ex, state, n):
 
 def test_logits_match_transformers_whole_chunked_and_from_cached_prefix(loaded):
     cfg = loaded.config
-    ids = loaded.tokenizer.encode_chat([{"role": "user", "content": "Name three prime numbers."}])
+    ids = chat_ids(loaded.tokenizer, "Name three prime numbers.")
     with torch.no_grad():
         ref = hf_llama(cfg, loaded.weights)(torch.tensor([ids])).logits[0]
     model = LlamaModel(cfg, dict(loaded.weights))
@@ -85,8 +91,8 @@ def test_kernel_path_matches_pytorch_path_on_mixed_steps(loaded):
     if kernels.get() is None:
         pytest.skip("kernels unavailable or TIERSERVE_KERNELS=off")
     cfg, tok = loaded.config, loaded.tokenizer
-    a = tok.encode_chat([{"role": "user", "content": "Name three prime numbers."}])
-    b = tok.encode_chat([{"role": "user", "content": "Why is the sky blue? Be brief."}])
+    a = chat_ids(tok, "Name three prime numbers.")
+    b = chat_ids(tok, "Why is the sky blue? Be brief.")
     steps = [{"a": len(a) - 4, "b": 9}, {"a": 1, "b": len(b) - 9}] + [{"a": 1, "b": 1}] * 3
     results = {}
     for mode, use, fuse in (("pytorch", False, 0), ("ops", True, 0), ("fused", True, 128)):
@@ -291,7 +297,7 @@ def test_hf_folder_loader_matches_transformers_for_llama_and_qwen2(tmp_path, loa
         with torch.no_grad():
             ref = hf(ids).logits[0]
         assert rel_err(got, ref) < 1e-4, hf_cfg.model_type
-        assert ours.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+        assert ChatPrompter(ours.tokenizer).render([{"role": "user", "content": "hi"}])
 
 
 def test_tokenizer_matches_transformers_gguf_tokenizer(loaded):

@@ -1,14 +1,12 @@
-"""Tokenizer (Hugging Face `tokenizers`), chat templates (jinja2, as the model defines them) and
-incremental detokenization for streaming."""
+"""Tokenizer (Hugging Face `tokenizers`) carrying the model's chat template source (rendered by
+`tierserve.chat`), and incremental detokenization for streaming."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -63,10 +61,6 @@ def build_bpe_tokenizer(
     return tk
 
 
-def _raise(message: str):
-    raise ValueError(message)
-
-
 @dataclass
 class ChatTokenizer:
     tokenizer: Tokenizer
@@ -76,11 +70,8 @@ class ChatTokenizer:
     add_bos: bool = False
 
     def __post_init__(self) -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        env.filters["tojson"] = lambda v, indent=None: json.dumps(v, indent=indent)
-        self._template = env.from_string(self.chat_template) if self.chat_template else None
+        # The chat template is rendered by tierserve.chat (transformers' Jinja environment);
+        # the tokenizer only carries its source.
         self.vocab_size = self.tokenizer.get_vocab_size()
         self.bos_token_id = self.tokenizer.token_to_id(self.bos_token) if self.bos_token else None
 
@@ -93,21 +84,6 @@ class ChatTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        if self._template is None:
-            raise ValueError("this model has no chat template; use the completions API")
-        return self._template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
-        )
-
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        text = self.apply_chat_template(messages)
-        # The template already places BOS where the model wants it.
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     # -- persistence -----------------------------------------------------------------------
     def save(self, folder: Path) -> None:
