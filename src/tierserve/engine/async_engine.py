@@ -86,6 +86,7 @@ class AsyncEngine:
         self._handover = threading.Lock()
         # Engine thread only.
         self._streams: dict[str, _Stream] = {}
+        self._outbox: dict[asyncio.AbstractEventLoop, list] = {}
         self._intake = [0] * NUM_PRIORITIES
         self._intake_tokens = [0] * NUM_PRIORITIES
         self._sheds = 0
@@ -245,6 +246,7 @@ class AsyncEngine:
             self._drain_commands(failing=f"engine error: {exc!r}")
             for rid in list(self._streams):
                 self._finish_stream(rid, "error", f"engine error: {exc!r}")
+            self._flush()
 
     def _idle(self) -> None:
         if not self._wake.wait(IDLE_TICK_S):
@@ -267,6 +269,7 @@ class AsyncEngine:
             try:
                 cmd = self._cmds.get_nowait()
             except queue.Empty:
+                self._flush()
                 return news
             news = True
             kind = cmd[0]
@@ -330,6 +333,7 @@ class AsyncEngine:
                 delta.error = req.error
                 self._close(req.request_id)
             self._put(stream, delta)
+        self._flush()
 
     def _finish_stream(self, rid: str, reason: str, error: str | None) -> None:
         stream = self._streams.get(rid)
@@ -353,12 +357,20 @@ class AsyncEngine:
         self._proc.remove(rid)
 
     def _put(self, stream: _Stream, delta: StreamDelta) -> None:
-        # A closed event loop raises RuntimeError: nobody is listening any more.
-        with contextlib.suppress(RuntimeError):
-            stream.loop.call_soon_threadsafe(self._deliver, stream, delta)
+        self._outbox.setdefault(stream.loop, []).append((stream, delta))
 
-    def _deliver(self, stream: _Stream, delta: StreamDelta) -> None:
-        """On the event loop: hand a delta to its reader; a terminal one closes the stream."""
-        stream.queue.put_nowait(delta)
-        if delta.finished:
-            self._open.discard(stream.request.request_id)
+    def _flush(self) -> None:
+        """Hand the outbox to the event loop(s): one wake-up per loop for the whole step, not
+        one per request."""
+        outbox, self._outbox = self._outbox, {}
+        for loop, items in outbox.items():
+            # A closed event loop raises RuntimeError: nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._deliver, items)
+
+    def _deliver(self, items: list[tuple[_Stream, StreamDelta]]) -> None:
+        """On the event loop: hand deltas to their readers; a terminal one closes its stream."""
+        for stream, delta in items:
+            stream.queue.put_nowait(delta)
+            if delta.finished:
+                self._open.discard(stream.request.request_id)
