@@ -1,0 +1,87 @@
+"""LoadMeter: the rates the TTFT predictor divides by, measured online by the thread that steps
+the engine (in the simulator, on the virtual clock: there it measures the cost model).
+
+* Prefill rate ``R``: prefill tokens computed per second over the steps taken while a backlog
+  existed (requests still waiting after the step), so it is the rate at which queued work is
+  served, decode traffic and seat or memory limits included. Both sums decay with the measured
+  time (``tau_s``), so ``R`` follows the last few seconds of backlog and keeps its value through
+  idle periods. Before any measurement it is the executor's measured prefill speed
+  (``PreemptionCosts.prefill_tokens_per_s``), weighted as one second of measurement.
+* Step time: the same decaying average over every step.
+* Arrival rate per class: prompt tokens entering each class's queue per second, decaying with
+  ``arrival_tau_s``.
+
+A step's interval runs from the end of the previous step when the engine went straight on (the
+work between steps, detokenizing and publishing, is part of serving), else from its own start.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tierserve.priority import NUM_PRIORITIES, Priority
+
+SEED_WEIGHT_S = 1.0
+MIN_SPAN_S = 1.0  # a first arrival counts as its tokens per second, not per microsecond
+
+
+class LoadMeter:
+    def __init__(
+        self, seed_prefill_rate: float | None = None, tau_s: float = 5.0, arrival_tau_s=10.0
+    ) -> None:
+        self.tau_s = tau_s
+        self.arrival_tau_s = arrival_tau_s
+        seeded = seed_prefill_rate is not None and seed_prefill_rate > 0
+        self._tokens = seed_prefill_rate * SEED_WEIGHT_S if seeded else 0.0
+        self._time = SEED_WEIGHT_S if seeded else 0.0
+        self._step_s: float | None = None
+        self._prev_end: float | None = None
+        self._arrivals = [0.0] * NUM_PRIORITIES
+        self._arrivals_at: float | None = None
+        self._first_arrival: float | None = None
+
+    # -- steps -----------------------------------------------------------------------------
+    def on_step(self, start: float, end: float, prefill_tokens: int, backlog: bool) -> None:
+        prev = self._prev_end
+        straight_on = prev is not None and 0 <= start - prev <= end - start
+        interval = end - (prev if straight_on else start)
+        self._prev_end = end
+        if interval <= 0:
+            return
+        keep = math.exp(-interval / self.tau_s)
+        old = self._step_s
+        self._step_s = interval if old is None else keep * old + (1 - keep) * interval
+        if backlog:
+            self._tokens = keep * self._tokens + prefill_tokens
+            self._time = keep * self._time + interval
+
+    @property
+    def prefill_rate(self) -> float | None:
+        return self._tokens / self._time if self._time > 0 else None
+
+    @property
+    def step_s(self) -> float:
+        return self._step_s or 0.0
+
+    # -- arrivals --------------------------------------------------------------------------
+    def on_add(self, priority: Priority, tokens: int, now: float) -> None:
+        self._decay(now)
+        self._arrivals[priority] += tokens
+        if self._first_arrival is None:
+            self._first_arrival = now
+
+    def arrival_rates(self, now: float) -> tuple[float, ...]:
+        """Tokens per second entering each class's queue, over the last ~`arrival_tau_s`
+        (over the time since the first arrival, while that is shorter)."""
+        if self._first_arrival is None:
+            return (0.0,) * NUM_PRIORITIES
+        self._decay(now)
+        tau = self.arrival_tau_s
+        span = max(tau * -math.expm1(-(now - self._first_arrival) / tau), MIN_SPAN_S)
+        return tuple(a / span for a in self._arrivals)
+
+    def _decay(self, now: float) -> None:
+        if self._arrivals_at is not None and now > self._arrivals_at:
+            keep = math.exp(-(now - self._arrivals_at) / self.arrival_tau_s)
+            self._arrivals = [a * keep for a in self._arrivals]
+        self._arrivals_at = now if self._arrivals_at is None else max(now, self._arrivals_at)
