@@ -3,14 +3,16 @@ chat and completions share: authentication, priority, context checks, admission,
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from tierserve.admission import AdmissionController
+from tierserve.admission.ttft import SLA_DEMOTED
 from tierserve.api.errors import APIError, admission_response
 from tierserve.api.protocol import _Common
 from tierserve.api.settings import ServerSettings
@@ -18,7 +20,7 @@ from tierserve.api.tenancy import AuthError, BadPriority, Resolution, TenantRegi
 from tierserve.engine.async_engine import AsyncEngine, EngineDeadError
 from tierserve.metrics import Metrics
 from tierserve.model.tokenizer import ChatTokenizer
-from tierserve.priority import VALID_TIER_NAMES
+from tierserve.priority import VALID_TIER_NAMES, Priority
 from tierserve.request import Request
 from tierserve.sampling_params import SamplingParams
 
@@ -138,14 +140,27 @@ def prepare(
             param="max_tokens",
         )
     reqs = _requests(state, body, prompt_ids, max_tokens, res, tenant, prefix)
+    limits = state.engine.limits
     try:  # what the scheduler would refuse (KV capacity of the class), refused here with a 400
-        state.engine.limits.check(reqs[0])
+        limits.check(reqs[0])
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
-    decision = state.admission.decide(res.priority, tenant.name, (n_prompt + max_tokens) * body.n)
+    # SLA admission may demote a late P1/P2 request of an opted-in tenant to best effort, if
+    # best effort's memory can hold it.
+    demote_ok = tenant.sla_demote and limits.fits(reqs[0], Priority.P3)
+    decision = state.admission.decide(
+        res.priority, tenant.name, (n_prompt + max_tokens) * body.n, n_prompt * body.n, demote_ok
+    )
     if not decision.admitted:
-        state.metrics.on_rejected(decision.error_type or "invalid_request", res.priority)
+        state.metrics.on_rejected(decision.code or decision.error_type, res.priority)
         return admission_response(decision)
+    if decision.demoted_from is not None:
+        state.metrics.on_rejected(SLA_DEMOTED, decision.demoted_from)
+        res = replace(res, priority=decision.priority)
+        reqs = _requests(state, body, prompt_ids, max_tokens, res, tenant, prefix)
+    for r in reqs:
+        r.predicted_ttft = decision.predicted_ttft_s
+        r.end_if_late = tenant.sla_end_early and state.admission.config.sla_admission
     if decision.shed:
         state.engine.shed(
             res.priority,
@@ -155,6 +170,10 @@ def prepare(
     headers = {"x-tierserve-priority": res.priority.label.lower(), "x-request-id": rid}
     if res.clamped:
         headers["x-tierserve-priority-clamped"] = "true"
+    if decision.demoted_from is not None:  # never silently late: the client is told
+        headers["x-tierserve-demoted"] = res.priority.label.lower()
+    if decision.predicted_ttft_s is not None and math.isfinite(decision.predicted_ttft_s):
+        headers["x-tierserve-predicted-ttft-ms"] = str(round(1000 * decision.predicted_ttft_s))
     # Submitted in the same event-loop turn as the admission decision, so the next decision
     # already counts these requests.
     try:  # requests submitted before a crash are failed by the engine's crash handler
