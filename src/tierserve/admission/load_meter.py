@@ -8,8 +8,8 @@ the engine (in the simulator, on the virtual clock: there it measures the cost m
   idle periods. Before any measurement it is the executor's measured prefill speed
   (``PreemptionCosts.prefill_tokens_per_s``), weighted as one second of measurement.
 * Step time: the same decaying average over every step.
-* Arrival rate per class: prompt tokens entering each class's queue per second, decaying with
-  ``arrival_tau_s``.
+* Arrival rate per class, and per tenant in each class: prompt tokens entering the queue per
+  second, decaying with ``arrival_tau_s``.
 
 A step's interval runs from the end of the previous step when the engine went straight on (the
 work between steps, detokenizing and publishing, is part of serving), else from its own start.
@@ -23,6 +23,7 @@ from tierserve.priority import NUM_PRIORITIES, Priority
 
 SEED_WEIGHT_S = 1.0
 MIN_SPAN_S = 1.0  # a first arrival counts as its tokens per second, not per microsecond
+MAX_TENANTS = 1024  # tenant rates kept per class before the faded ones are dropped
 
 
 class LoadMeter:
@@ -39,6 +40,8 @@ class LoadMeter:
         self._arrivals = [0.0] * NUM_PRIORITIES
         self._arrivals_at: float | None = None
         self._first_arrival: float | None = None
+        # Per class: tenant -> [decayed tokens, when last decayed] (decayed when read).
+        self._tenants: list[dict[str, list[float]]] = [{} for _ in range(NUM_PRIORITIES)]
 
     # -- steps -----------------------------------------------------------------------------
     def on_step(self, start: float, end: float, prefill_tokens: int, backlog: bool) -> None:
@@ -64,11 +67,31 @@ class LoadMeter:
         return self._step_s or 0.0
 
     # -- arrivals --------------------------------------------------------------------------
-    def on_add(self, priority: Priority, tokens: int, now: float) -> None:
+    def on_add(self, priority: Priority, tokens: int, now: float, tenant: str = "") -> None:
         self._decay(now)
         self._arrivals[priority] += tokens
         if self._first_arrival is None:
             self._first_arrival = now
+        mine = self._tenants[priority]
+        entry = mine.setdefault(tenant, [0.0, now])
+        entry[0] = self._faded(entry, now) + tokens
+        entry[1] = now
+        if len(mine) > MAX_TENANTS:
+            for t in [t for t, e in mine.items() if self._faded(e, now) < 1.0]:
+                del mine[t]
+
+    def _faded(self, entry: list[float], now: float) -> float:
+        return entry[0] * math.exp(-max(0.0, now - entry[1]) / self.arrival_tau_s)
+
+    def _span(self, now: float) -> float:
+        tau = self.arrival_tau_s
+        first = now if self._first_arrival is None else self._first_arrival
+        return max(tau * -math.expm1(-(now - first) / tau), MIN_SPAN_S)
+
+    def tenant_rate(self, priority: Priority, tenant: str, now: float) -> float:
+        """Tokens per second `tenant` sends into class `priority` (as ``arrival_rates``)."""
+        entry = self._tenants[priority].get(tenant)
+        return 0.0 if entry is None else self._faded(entry, now) / self._span(now)
 
     def arrival_rates(self, now: float) -> tuple[float, ...]:
         """Tokens per second entering each class's queue, over the last ~`arrival_tau_s`
@@ -76,8 +99,7 @@ class LoadMeter:
         if self._first_arrival is None:
             return (0.0,) * NUM_PRIORITIES
         self._decay(now)
-        tau = self.arrival_tau_s
-        span = max(tau * -math.expm1(-(now - self._first_arrival) / tau), MIN_SPAN_S)
+        span = self._span(now)
         return tuple(a / span for a in self._arrivals)
 
     def _decay(self, now: float) -> None:

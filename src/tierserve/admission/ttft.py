@@ -7,8 +7,8 @@ declared by the policy, see policies/order.py) the work ahead of a request of cl
 * the waiting tokens of the classes served before ``c`` (``before[c]``), and, while it waits,
   the tokens those classes keep receiving (their measured arrival rate ``λ``): they too go first;
 * the tokens of its own class queued ahead of it (a new request: the whole queue), plus its own;
-  with tenant-fair classes, its tenant's queue ahead of it plus its own (``T``), and every other
-  tenant's backlog up to ``T`` (tenants share the class equally);
+  with tenant-fair classes, its tenant's queue ahead of it plus its own, and what every other
+  backlogged tenant is served until its virtual counter catches up with this tenant's then;
 * for a class that shares capacity by weight with another (wfq, drr), the other class's share
   of the service during that time (GPS): ``min(W_k, own x w_k / w_c)``;
 * the prompt tokens running requests still have to prefill (a running chunk goes before the
@@ -48,6 +48,8 @@ class TenantBacklog:
     tenant: str
     own: int
     total: int
+    rate: float = 0.0  # tokens per second it sends into the class
+    counter: float = 0.0  # its virtual token counter: a lower one is served first
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ class Load:
     prefill_rate: float | None = None  # tokens/s while a backlog exists; None: unknown
     step_s: float = 0.0  # one engine step
     order: ServiceOrder = FLAT_ORDER
+    # Classes sharing by weight (SFQ): each class's start tag for its next service (None: the
+    # policy keeps none; the predictor assumes GPS shares).
+    class_tags: tuple[float, ...] | None = None
 
     def with_waiting(self, priority: Priority, extra: int, tenant: str | None = None) -> Load:
         """The load with `extra` more tokens of `tenant` waiting in class `priority`."""
@@ -77,7 +82,7 @@ class Load:
         if tenant is not None and self.order.tenant_fair:
             mine = {b.tenant: b for b in tenants[c]}
             b = mine.get(tenant, TenantBacklog(tenant, 0, 0))
-            mine[tenant] = TenantBacklog(tenant, b.own + extra, b.total + extra)
+            mine[tenant] = replace(b, own=b.own + extra, total=b.total + extra)
             tenants = (*tenants[:c], tuple(mine.values()), *tenants[c + 1 :])
         return replace(self, waiting_tokens=tuple(w), tenants=tenants)
 
@@ -99,21 +104,30 @@ def class_work(
     """Tokens of class `c` served before `own` tokens of a request of `tenant` are done, with
     `ahead` tokens queued before it (None: a new request, behind all of its class's own).
 
-    Tenant-fair: its tenant's tokens ahead plus its own (``mine``), and each other backlogged
-    tenant's share while it waits: ``min(mine, backlog + arrivals)``, the class's arrivals over
-    `horizon` seconds split among the backlogged tenants (None: every backlogged tenant keeps
-    its full share, the GPS bound)."""
+    Tenant-fair (virtual token counters: the backlogged tenant with the lowest is served next;
+    one that starts waiting is lifted to the lowest backlogged counter): the request is done
+    when its tenant's counter has grown by its tokens ahead and its own, to ``done``; until
+    then every other backlogged tenant is served up to ``done - its counter``, bounded by its
+    backlog plus its arrivals over `horizon` seconds (None: not bounded, the GPS worst case).
+    Counters count a request's cost (prompt + expected output): as tokens, this over-counts
+    the others a little."""
     if not load.order.tenant_fair or tenant is None:
         queue = load.waiting_tokens[c] - load.promoted_tokens[c] if ahead is None else ahead
         return queue + own
-    backlog = load.tenants[c]
-    me = next((b for b in backlog if b.tenant == tenant), None)
-    mine = ((me.own if me else 0) if ahead is None else ahead) + own
-    others = [b.total for b in backlog if b.tenant != tenant and b.total > 0]
-    if horizon is None:
-        return mine * (1 + len(others))
-    more = load.arrival_rate[c] * horizon / max(1, len(others))
-    return mine + sum(min(mine, w + more) for w in others)
+    tenants = load.tenants[c]
+    backlogged = [b for b in tenants if b.total > 0]
+    me = next((b for b in tenants if b.tenant == tenant), None)
+    mine = (me.own if me else 0) if ahead is None else ahead
+    counter = me.counter if me else 0.0
+    if ahead is None and (me is None or me.total == 0) and backlogged:  # it starts waiting
+        counter = max(counter, min(b.counter for b in backlogged))
+    done = counter + mine + own
+    work = float(mine + own)
+    for b in backlogged:
+        if b.tenant != tenant:
+            credit = max(0.0, done - b.counter)
+            work += credit if horizon is None else min(credit, b.total + b.rate * horizon)
+    return work
 
 
 def predict_ttft(
@@ -134,14 +148,28 @@ def predict_ttft(
         return math.inf
     fixed = sum(waiting[k] for k in order.before[c])
     fixed += sum(n for k, n in enumerate(load.running_prefill) if c not in order.yields_to[k])
-    sharers = [k for k in range(NUM_PRIORITIES) if order.shares_with(c, k)]
-    ratio = sum(order.weights[k] for k in sharers) / order.weights[c] if sharers else 0.0
-    # First the bound where every backlogged tenant and sharing class keeps its full share for
-    # the whole wait; then each share is cut to what it has plus what arrives in that time.
-    upper = (fixed + class_work(load, c, own, ahead, tenant, None) * (1 + ratio)) / capacity
+    # First the bound where every backlogged tenant and sharing class is served its full share
+    # for the whole wait; then each share is cut to what it has plus what arrives in that time.
+    upper = fixed + class_work(load, c, own, ahead, tenant, None)
+    upper = (upper + shares(load, c, upper - fixed, None)) / capacity
     mine = class_work(load, c, own, ahead, tenant, upper)
-    shared = sum(
-        min(waiting[k] + load.arrival_rate[k] * upper, mine * order.weights[k] / order.weights[c])
-        for k in sharers
-    )
-    return (fixed + mine + shared) / capacity + load.step_s
+    return (fixed + mine + shares(load, c, mine, upper)) / capacity + load.step_s
+
+
+def shares(load: Load, c: int, mine: float, horizon: float | None) -> float:
+    """Tokens of the classes sharing capacity with class `c` by weight, served while `mine`
+    tokens of class `c` are. With the policy's start tags (SFQ: the class with the lowest is
+    served next, and a class's tag grows by cost / weight with each service), class `k` is
+    served until its tag passes class `c`'s once `mine` is done: ``(tag_c + mine / w_c -
+    tag_k) x w_k``; without them, its GPS share ``mine x w_k / w_c``. Either is bounded by its
+    backlog plus its arrivals over `horizon` seconds (None: not bounded)."""
+    order, tags, total = load.order, load.class_tags, 0.0
+    for k in range(NUM_PRIORITIES):
+        if not order.shares_with(c, k):
+            continue
+        wc, wk = order.weights[c], order.weights[k]
+        share = mine * wk / wc if tags is None else max(0.0, tags[c] + mine / wc - tags[k]) * wk
+        if horizon is not None:
+            share = min(share, load.waiting_tokens[k] + load.arrival_rate[k] * horizon)
+        total += share
+    return total

@@ -90,7 +90,8 @@ class EngineCore:
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
-        self.load_meter.on_add(request.base_priority, request.num_tokens, self.clock.now())
+        meter, now = self.load_meter, self.clock.now()
+        meter.on_add(request.base_priority, request.num_tokens, now, request.tenant)
 
     def abort_request(self, request_id: str, reason: str | None = None) -> Request | None:
         """Abort from any state; frees everything the request holds. None if unknown."""

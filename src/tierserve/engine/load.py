@@ -44,18 +44,36 @@ def measure_load(core: EngineCore) -> Load:
             t = by_tenant[c].setdefault(r.tenant, [0, 0])
             t[0] += mine_own
             t[1] += n
+    now = core.clock.now()
     return Load(
         waiting_tokens=tuple(waiting),
         promoted_tokens=tuple(promoted),
-        tenants=tuple(
-            tuple(TenantBacklog(name, own, total) for name, (own, total) in sorted(t.items()))
-            for t in by_tenant
-        ),
+        tenants=tuple(_tenants(core, Priority(c), t, now) for c, t in enumerate(by_tenant)),
         running_prefill=tuple(running),
-        arrival_rate=meter.arrival_rates(core.clock.now()),
+        arrival_rate=meter.arrival_rates(now),
         prefill_rate=meter.prefill_rate,
         step_s=meter.step_s,
         order=order,
+        class_tags=s.policy.class_tags(),
+    )
+
+
+def _tenants(
+    core: EngineCore, c: Priority, waiting: dict[str, list[int]], now: float
+) -> tuple[TenantBacklog, ...]:
+    """The backlogged tenants of class `c`, and the idle ones whose counter is above the lowest
+    backlogged one (a tenant that starts waiting keeps such a counter: it is not lifted)."""
+    if not waiting:
+        return ()
+    counters = core.scheduler.policy.tenant_counters(c)
+    floor = min(counters.get(t, 0.0) for t in waiting)
+    names = set(waiting) | {t for t, v in counters.items() if v > floor}
+    meter = core.load_meter
+    return tuple(
+        TenantBacklog(
+            t, *waiting.get(t, (0, 0)), meter.tenant_rate(c, t, now), counters.get(t, 0.0)
+        )
+        for t in sorted(names)
     )
 
 

@@ -100,6 +100,15 @@ class Policy(ABC):
         requests first, then arrival. For the SLA re-check, which walks a queue in order."""
         return (request.status != RequestStatus.PREEMPTED, *arrival_key(request))
 
+    def tenant_counters(self, priority: Priority) -> dict[str, float]:
+        """Tenant-fair classes: each tenant's virtual token counter (read-only view)."""
+        return {}
+
+    def class_tags(self) -> tuple[float, ...] | None:
+        """Classes sharing by weight with start-time fair queueing: each class's start tag for
+        its next service (None: the policy keeps none)."""
+        return None
+
     def prefill_cap_exempt(self, request: Request) -> bool:
         """Whether a long prompt of `request` may take a whole step's budget (P0 may)."""
         return self.class_aware and request.priority == Priority.P0
@@ -287,6 +296,9 @@ class ClassedPolicy(Policy):
 
     def requests(self) -> list[Request]:
         return [r for q in self.queues for r in q.requests()]
+
+    def tenant_counters(self, priority: Priority) -> dict[str, float]:
+        return self.queues[priority].counters
 
     def peek(self, state: SchedulerState) -> Request | None:
         self.refresh(state.now)

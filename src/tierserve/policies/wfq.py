@@ -76,6 +76,9 @@ class _SFQPolicy(ClassedPolicy):
             return (backlog[0], None)
         return None
 
+    def class_tags(self) -> tuple[float, ...]:
+        return tuple(max(self.vtime, f) for f in self.finish)
+
     def _commit(self, pick: tuple, request: Request, cost: int) -> None:
         c, start = pick
         if start is not None:
