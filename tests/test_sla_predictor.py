@@ -137,22 +137,26 @@ def test_meter_starts_from_the_executors_speed_and_measures_backlogged_steps():
     assert m.prefill_rate == pytest.approx(2000.0, rel=1e-3)
 
 
-def test_meter_step_interval_runs_from_the_previous_step_only_when_the_engine_went_straight_on():
+def test_meter_step_interval_runs_from_the_previous_step_while_a_backlog_waited():
     m = LoadMeter(tau_s=1e9)  # no decay: plain averages
     m.on_step(0.0, 1.0, 100, backlog=True)
-    m.on_step(1.1, 2.0, 100, backlog=True)  # 0.1 s between steps: part of serving
+    m.on_step(1.5, 2.0, 100, backlog=True)  # 0.5 s between steps: the queue waited through it
     assert m.prefill_rate == pytest.approx(200 / 2.0)
-    m.on_step(10.0, 11.0, 100, backlog=True)  # an idle wait before: only the step itself
+    m.on_step(2.0, 3.0, 100, backlog=False)  # the queue is empty after this one...
+    m.on_step(10.0, 11.0, 100, backlog=True)  # ...so the engine may have idled: the step only
     assert m.prefill_rate == pytest.approx(300 / 3.0)
 
 
 def test_meter_arrival_rates_per_class_decay_with_time():
     m = LoadMeter(arrival_tau_s=10.0)
     assert m.arrival_rates(0.0) == (0.0, 0.0, 0.0, 0.0)
-    m.on_add(P1, 500, 0.0)
-    assert m.arrival_rates(0.0)[P1] == pytest.approx(500.0)  # a first arrival: over 1 s
-    for t in range(1, 200):  # 100 tokens/s for a long time
-        m.on_add(P1, 100, float(t))
+    m.on_add(P1, 500, 0.0, "a")
+    assert m.arrival_rates(0.0)[P1] == pytest.approx(50.0)  # a burst: spread over tau
+    assert m.arrival_rates(10.0)[P1] == pytest.approx(50.0 / math.e)
+    for t in range(1, 200):  # 100 tokens/s for a long time, from tenant b
+        m.on_add(P1, 100, float(t), "b")
     assert m.arrival_rates(199.0)[P1] == pytest.approx(100 / 10 / (1 - math.exp(-0.1)), rel=1e-3)
+    assert m.tenant_rate(P1, "b", 199.0) == pytest.approx(m.arrival_rates(199.0)[P1], rel=1e-6)
+    assert m.tenant_rate(P1, "a", 199.0) < 1e-6 and m.tenant_rate(P2, "b", 199.0) == 0.0
     assert m.arrival_rates(199.0)[P2] == 0.0
     assert m.arrival_rates(299.0)[P1] < 1.0  # 100 s of silence

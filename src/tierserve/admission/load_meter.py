@@ -9,10 +9,12 @@ the engine (in the simulator, on the virtual clock: there it measures the cost m
   (``PreemptionCosts.prefill_tokens_per_s``), weighted as one second of measurement.
 * Step time: the same decaying average over every step.
 * Arrival rate per class, and per tenant in each class: prompt tokens entering the queue per
-  second, decaying with ``arrival_tau_s``.
+  second, the sum of arrivals decayed with ``arrival_tau_s`` over ``arrival_tau_s`` (a burst
+  counts as spread over that time; in the first seconds after start the rate is understated).
 
-A step's interval runs from the end of the previous step when the engine went straight on (the
-work between steps, detokenizing and publishing, is part of serving), else from its own start.
+A step's interval runs from the end of the previous step when that one left a backlog (from
+then on the queue waited, whatever the engine did: detokenizing, publishing, waiting for the
+GIL or for memory), else from its own start (the engine may have idled).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import math
 from tierserve.priority import NUM_PRIORITIES, Priority
 
 SEED_WEIGHT_S = 1.0
-MIN_SPAN_S = 1.0  # a first arrival counts as its tokens per second, not per microsecond
 MAX_TENANTS = 1024  # tenant rates kept per class before the faded ones are dropped
 
 
@@ -36,19 +37,17 @@ class LoadMeter:
         self._tokens = seed_prefill_rate * SEED_WEIGHT_S if seeded else 0.0
         self._time = SEED_WEIGHT_S if seeded else 0.0
         self._step_s: float | None = None
-        self._prev_end: float | None = None
+        self._prev_end: float | None = None  # end of the previous step, if it left a backlog
         self._arrivals = [0.0] * NUM_PRIORITIES
         self._arrivals_at: float | None = None
-        self._first_arrival: float | None = None
         # Per class: tenant -> [decayed tokens, when last decayed] (decayed when read).
         self._tenants: list[dict[str, list[float]]] = [{} for _ in range(NUM_PRIORITIES)]
 
     # -- steps -----------------------------------------------------------------------------
     def on_step(self, start: float, end: float, prefill_tokens: int, backlog: bool) -> None:
         prev = self._prev_end
-        straight_on = prev is not None and 0 <= start - prev <= end - start
-        interval = end - (prev if straight_on else start)
-        self._prev_end = end
+        interval = end - (prev if prev is not None and prev <= start else start)
+        self._prev_end = end if backlog else None
         if interval <= 0:
             return
         keep = math.exp(-interval / self.tau_s)
@@ -70,8 +69,6 @@ class LoadMeter:
     def on_add(self, priority: Priority, tokens: int, now: float, tenant: str = "") -> None:
         self._decay(now)
         self._arrivals[priority] += tokens
-        if self._first_arrival is None:
-            self._first_arrival = now
         mine = self._tenants[priority]
         entry = mine.setdefault(tenant, [0.0, now])
         entry[0] = self._faded(entry, now) + tokens
@@ -83,24 +80,15 @@ class LoadMeter:
     def _faded(self, entry: list[float], now: float) -> float:
         return entry[0] * math.exp(-max(0.0, now - entry[1]) / self.arrival_tau_s)
 
-    def _span(self, now: float) -> float:
-        tau = self.arrival_tau_s
-        first = now if self._first_arrival is None else self._first_arrival
-        return max(tau * -math.expm1(-(now - first) / tau), MIN_SPAN_S)
-
     def tenant_rate(self, priority: Priority, tenant: str, now: float) -> float:
         """Tokens per second `tenant` sends into class `priority` (as ``arrival_rates``)."""
         entry = self._tenants[priority].get(tenant)
-        return 0.0 if entry is None else self._faded(entry, now) / self._span(now)
+        return 0.0 if entry is None else self._faded(entry, now) / self.arrival_tau_s
 
     def arrival_rates(self, now: float) -> tuple[float, ...]:
-        """Tokens per second entering each class's queue, over the last ~`arrival_tau_s`
-        (over the time since the first arrival, while that is shorter)."""
-        if self._first_arrival is None:
-            return (0.0,) * NUM_PRIORITIES
+        """Tokens per second entering each class's queue, over the last ~`arrival_tau_s`."""
         self._decay(now)
-        span = self._span(now)
-        return tuple(a / span for a in self._arrivals)
+        return tuple(a / self.arrival_tau_s for a in self._arrivals)
 
     def _decay(self, now: float) -> None:
         if self._arrivals_at is not None and now > self._arrivals_at:

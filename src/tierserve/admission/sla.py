@@ -75,11 +75,14 @@ class SlaGate:
         """Whether a class-`priority` request of `tenant` with `prompt_tokens` to prefill would
         get its first token within margin x SLA; if not, when to retry (and the retry is
         promised)."""
+        # What the client will see, and what the decision is judged on: for P0 only the work
+        # that shedding every lower class would leave (the same under a class-aware policy).
+        predicted = predict_ttft(load, priority, prompt_tokens, tenant=tenant)
         upto = priority if priority == Priority.P0 else Priority.P3
         load = load.only_classes_upto(upto)
-        predicted = predict_ttft(load, priority, prompt_tokens, tenant=tenant)
+        judged = predict_ttft(load, priority, prompt_tokens, tenant=tenant)
         limit = self.limit(priority, prompt_tokens, load)
-        if limit is None or predicted is None or predicted <= limit:
+        if limit is None or judged is None or judged <= limit:
             return Verdict(predicted, limit)
         for c in range(int(upto) + 1):
             for who, tokens in self.promised(Priority(c), now).items():

@@ -158,8 +158,11 @@ def prepare(
         state.metrics.on_rejected(SLA_DEMOTED, decision.demoted_from)
         res = replace(res, priority=decision.priority)
         reqs = _requests(state, body, prompt_ids, max_tokens, res, tenant, prefix)
+    predicted = decision.predicted_ttft_s
+    if predicted is not None and not math.isfinite(predicted):
+        predicted = None  # best effort behind a saturating class: no time to promise
     for r in reqs:
-        r.predicted_ttft = decision.predicted_ttft_s
+        r.predicted_ttft = predicted
         r.end_if_late = tenant.sla_end_early and state.admission.config.sla_admission
     if decision.shed:
         state.engine.shed(
@@ -172,8 +175,8 @@ def prepare(
         headers["x-tierserve-priority-clamped"] = "true"
     if decision.demoted_from is not None:  # never silently late: the client is told
         headers["x-tierserve-demoted"] = res.priority.label.lower()
-    if decision.predicted_ttft_s is not None and math.isfinite(decision.predicted_ttft_s):
-        headers["x-tierserve-predicted-ttft-ms"] = str(round(1000 * decision.predicted_ttft_s))
+    if predicted is not None:
+        headers["x-tierserve-predicted-ttft-ms"] = str(round(1000 * predicted))
     # Submitted in the same event-loop turn as the admission decision, so the next decision
     # already counts these requests.
     try:  # requests submitted before a crash are failed by the engine's crash handler

@@ -15,6 +15,7 @@ With SLA admission on, the driver also runs the re-check of waiting requests aft
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ class RequestRecord:
     attempt: int = 0  # 0: first sent; n: the n-th retry after a refusal
     predicted_ttft: float | None = None  # SLA admission's prediction when admitted
     demoted: bool = False  # admitted as P3 instead of its class (tenant opted in)
+    tenant: str = ""
 
 
 @dataclass
@@ -85,6 +87,7 @@ def record_of(req: Request) -> RequestRecord:
         req.arrival_time,
         req.num_prompt_tokens,
         req.sampling_params.max_tokens,
+        tenant=req.tenant,
     )
 
 
@@ -116,7 +119,8 @@ class EngineFeed:
         cost = req.num_prompt_tokens + req.sampling_params.max_tokens
         demote = req.tenant in self.sla.demote_tenants
         d = self.admission.decide(req.priority, req.tenant, cost, req.num_prompt_tokens, demote)
-        rec.predicted_ttft = d.predicted_ttft_s
+        if d.predicted_ttft_s is not None and math.isfinite(d.predicted_ttft_s):
+            rec.predicted_ttft = d.predicted_ttft_s
         if not d.admitted:
             rec.outcome = "rejected"
             return req.arrival_time + retry_after_seconds(d.retry_after_s)

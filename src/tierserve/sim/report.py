@@ -201,7 +201,8 @@ def write_plots(results: list[dict], out: Path) -> list[Path]:
     plt.close(fig)
 
     top = max(conc)
-    runs = [by[(p, top)] for p in policies if (p, top) in by and not p.endswith("+sla")]
+    runs = [by[(p, top)] for p in policies if (p, top) in by]
+    runs = [r for r in runs if not r.get("sla_admission")] or runs  # off, when both ran
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4), sharey=True, squeeze=False)
     for ax, r in zip(axes[0], runs, strict=True):
         series = r["kv_usage_series"]

@@ -4,7 +4,7 @@ virtual clock, drive it with a workload, and summarise."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from tierserve.admission import AdmissionController
 from tierserve.admission.sla import policy_for_sla_admission
@@ -56,6 +56,9 @@ class SimConfig:
     # SLA admission opt-ins of the workload's tenants ("tenant-0", ...).
     demote_tenants: tuple[str, ...] = ()
     end_early_tenants: tuple[str, ...] = ()
+    # hybrid's SLA urgency under SLA admission (policy_for_sla_admission: 1.0; the default 0.2
+    # only for comparison, benchmarks/sla_ablation.py)
+    sla_urgency_fraction: float = 1.0
 
     @property
     def label(self) -> str:
@@ -83,7 +86,9 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
             preemption_mode=cfg.preemption_mode,
             p0_express=cfg.p0_express,
         ),
-        policy_for_sla_admission(policy) if cfg.admission.sla_admission else policy,
+        replace(policy_for_sla_admission(policy), sla_urgency_fraction=cfg.sla_urgency_fraction)
+        if cfg.admission.sla_admission
+        else policy,
         cfg.priorities,
     )
     return engine, ex, cost
@@ -107,7 +112,9 @@ def _kv_series(result: DriveResult, points: int) -> list[dict]:
     ]
 
 
-def run_simulation(cfg: SimConfig, progress=None) -> dict:
+def run_simulation(cfg: SimConfig, progress=None, keep_records: bool = False) -> dict:
+    """Run `cfg` and summarise it; `keep_records` adds every request's record (in-process use,
+    not JSON)."""
     t0 = time.perf_counter()
     engine, ex, cost = build(cfg)
     wl = Workload(cfg.workload)
@@ -167,4 +174,6 @@ def run_simulation(cfg: SimConfig, progress=None) -> dict:
         },
     )
     sched.check_invariants()
+    if keep_records:
+        out["records"] = result.records
     return out
