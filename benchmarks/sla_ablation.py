@@ -19,6 +19,12 @@ VARIANTS = (  # (margin, urgency)
 )
 
 
+def late(s: dict) -> int:
+    """Admitted requests of a class whose first token missed the SLA."""
+    admitted = s["requests"] - s["refused"] - s["demoted"] - s["unfinished"]
+    return round(admitted * (1 - (s["sla_attainment"] or 1.0)))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", type=int, nargs="+", default=[256, 512])
@@ -42,16 +48,11 @@ def main() -> None:
     for cfg, r in zip(cfgs, run_grid(cfgs, args.workers), strict=True):
         c = r["classes"]
 
-        def late(k):
-            s = c[k]
-            admitted = s["requests"] - s["refused"] - s["demoted"] - s["unfinished"]
-            return round(admitted * (1 - (s["sla_attainment"] or 1.0)))
-
         print(
             f"| {cfg.workload.concurrency} | {cfg.admission.sla_margin} | "
             f"{cfg.sla_urgency_fraction} | {r['goodput_requests_per_s']:.2f} | "
             f"{100 * c['P1']['sla_attainment']:.1f}% | {100 * c['P2']['sla_attainment']:.1f}% | "
-            f"{late('P1')} | {late('P2')} | {c['P1']['ttft_prediction_abs_error_p90_s']:.2f} s | "
+            f"{late(c['P1'])} | {late(c['P2'])} | {c['P1']['ttft_prediction_abs_error_p90_s']:.2f} s | "
             f"{c['P2']['ttft_prediction_abs_error_p90_s']:.2f} s |"
         )
 

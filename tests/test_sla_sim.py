@@ -4,6 +4,7 @@ and the `simulate` flags and report."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 from dataclasses import replace
@@ -50,7 +51,7 @@ def test_refused_clients_send_the_same_request_again_after_retry_after_at_most_m
         rs.sort(key=lambda r: r.attempt)
         assert [r.attempt for r in rs] == list(range(len(rs)))
         assert len(rs) <= 1 + OVERLOAD.max_retries
-        for prev, nxt in zip(rs, rs[1:], strict=False):
+        for prev, nxt in itertools.pairwise(rs):
             assert prev.outcome == "rejected"  # only a refusal is retried
             assert (nxt.priority, nxt.prompt_tokens, nxt.max_tokens) == (
                 prev.priority,
