@@ -52,7 +52,8 @@ def main() -> None:
             f"| {cfg.workload.concurrency} | {cfg.admission.sla_margin} | "
             f"{cfg.sla_urgency_fraction} | {r['goodput_requests_per_s']:.2f} | "
             f"{100 * c['P1']['sla_attainment']:.1f}% | {100 * c['P2']['sla_attainment']:.1f}% | "
-            f"{late(c['P1'])} | {late(c['P2'])} | {c['P1']['ttft_prediction_abs_error_p90_s']:.2f} s | "
+            f"{late(c['P1'])} | {late(c['P2'])} | "
+            f"{c['P1']['ttft_prediction_abs_error_p90_s']:.2f} s | "
             f"{c['P2']['ttft_prediction_abs_error_p90_s']:.2f} s |"
         )
 
