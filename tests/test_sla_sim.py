@@ -178,6 +178,7 @@ def test_simulate_with_sla_admission_writes_the_goodput_report(tmp_path):
     assert "## Goodput and SLA admission" in report and "TTFT predictor error" in report
     assert (out / "goodput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["simulate", "--sla-admission", "on", "--replicas", "2", "--out", str(out)]) == 2
+    assert main(["simulate", "--sla-admission", "on", "--sla-margin", "0", "--out", str(out)]) == 2
 
 
 def test_the_sla_scenario_puts_the_seed_grid_beside_sla_admission():

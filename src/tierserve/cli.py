@@ -82,6 +82,9 @@ def _simulate(args: argparse.Namespace) -> int:
     if sla_on and (args.replicas > 1 or args.router or args.scenario == "fleet"):
         print("tierserve simulate: --sla-admission on is not supported for fleets", file=sys.stderr)
         return 2
+    if margin is not None and not margin > 0:
+        print(f"tierserve simulate: --sla-margin must be positive, got {margin}", file=sys.stderr)
+        return 2
     if args.scenario == "seed-table":
         configs = seed_table_configs(with_sla_admission(SEED_BASE, sla_on, margin))
         title = "Seed table: P0/P1 TTFT under mixed load"
@@ -113,6 +116,8 @@ def _simulate(args: argparse.Namespace) -> int:
             },
             workload=wl,
             max_retries=args.max_retries,
+            demote_tenants=tuple(args.sla_demote or ()),
+            end_early_tenants=tuple(args.sla_end_early or ()),
         )
         base = with_sla_admission(base, sla_on, margin)
         conc = args.concurrency if args.arrival == "closed" else [0]
@@ -248,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--sla-margin", type=float, default=None, help="admit while TTFT <= m x SLA")
     sm.add_argument(
         "--max-retries", type=int, default=3, help="closed loop: retries of a refused request"
+    )
+    sm.add_argument(
+        "--sla-demote", nargs="+", metavar="TENANT", help="tenants (tenant-0..3) opted in to P3"
+    )
+    sm.add_argument(
+        "--sla-end-early", nargs="+", metavar="TENANT", help="tenants opted in to early ends"
     )
     sm.add_argument(
         "--router",
