@@ -74,12 +74,27 @@ def _simulate(args: argparse.Namespace) -> int:
         grid_configs,
         run_grid,
         seed_table_configs,
+        seed_table_sla_configs,
+        with_sla_admission,
     )
 
+    sla_on, margin = args.sla_admission == "on", args.sla_margin
+    if sla_on and (args.replicas > 1 or args.router or args.scenario == "fleet"):
+        print("tierserve simulate: --sla-admission on is not supported for fleets", file=sys.stderr)
+        return 2
+    if margin is not None and not margin > 0:
+        print(f"tierserve simulate: --sla-margin must be positive, got {margin}", file=sys.stderr)
+        return 2
     if args.scenario == "seed-table":
-        configs, title = seed_table_configs(), "Seed table: P0/P1 TTFT under mixed load"
+        configs = seed_table_configs(with_sla_admission(SEED_BASE, sla_on, margin))
+        title = "Seed table: P0/P1 TTFT under mixed load"
+        if sla_on:
+            title += ", SLA admission on"
+    elif args.scenario == "seed-table-sla":
+        configs = seed_table_sla_configs(margin)
+        title = "Seed table: SLA admission off and on"
     elif args.scenario == "memory-pressure":
-        configs = seed_table_configs(MEMORY_PRESSURE_BASE)
+        configs = seed_table_configs(with_sla_admission(MEMORY_PRESSURE_BASE, sla_on, margin))
         title = "Memory pressure: the seed grid with the KV cache capped at 12,000 blocks"
     elif args.scenario == "fleet":
         configs = fleet_configs(routers=args.router) if args.router else fleet_configs()
@@ -100,7 +115,11 @@ def _simulate(args: argparse.Namespace) -> int:
                 if v is not None
             },
             workload=wl,
+            max_retries=args.max_retries,
+            demote_tenants=tuple(args.sla_demote or ()),
+            end_early_tenants=tuple(args.sla_end_early or ()),
         )
+        base = with_sla_admission(base, sla_on, margin)
         conc = args.concurrency if args.arrival == "closed" else [0]
         configs = grid_configs(base, args.policy or ["fcfs", "hybrid"], conc)
         title = "Simulation"
@@ -215,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("simulate", help="run the real scheduler on a simulated cluster")
     sm.add_argument(
         "--scenario",
-        choices=["seed-table", "memory-pressure", "fleet", "custom"],
+        choices=["seed-table", "seed-table-sla", "memory-pressure", "fleet", "custom"],
         default="custom",
     )
     sm.add_argument("--out", default="out/sim", help="folder for results.json, report.md, PNGs")
@@ -235,6 +254,22 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--seed", type=int, default=0)
     sm.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
     sm.add_argument("--replicas", type=int, default=1, help="simulated engine replicas")
+    sm.add_argument(
+        "--sla-admission",
+        choices=["on", "off"],
+        default="off",
+        help="refuse requests predicted to miss their class's TTFT SLA (seed-table-sla: both)",
+    )
+    sm.add_argument("--sla-margin", type=float, default=None, help="admit while TTFT <= m x SLA")
+    sm.add_argument(
+        "--max-retries", type=int, default=3, help="closed loop: retries of a refused request"
+    )
+    sm.add_argument(
+        "--sla-demote", nargs="+", metavar="TENANT", help="tenants (tenant-0..3) opted in to P3"
+    )
+    sm.add_argument(
+        "--sla-end-early", nargs="+", metavar="TENANT", help="tenants opted in to early ends"
+    )
     sm.add_argument(
         "--router",
         action="append",

@@ -299,6 +299,13 @@ class AdmissionConfig:
     max_queued_tokens: tuple[int, ...] = (1 << 20, 1 << 24, 1 << 25, 1 << 25)
     # Reject early a request whose class SLA cannot be met given the queue ahead of it.
     reject_on_sla_miss: bool = False
+    # SLA-feasibility admission (admission/sla.py): refuse a request whose predicted TTFT
+    # exceeds sla_margin x its class SLA, and re-check waiting requests every sla_recheck_s.
+    # 0.8: the margin at which P1 and P2 keep >= 95% in the simulated seed table
+    # (docs/scheduling.md).
+    sla_admission: bool = False
+    sla_margin: float = 0.8
+    sla_recheck_s: float = 0.5
     # A P0 arrival that finds the P0 queue full sheds the lowest-class waiting request instead.
     shed_for_p0: bool = True
     drain_window_s: float = 2.0
@@ -315,6 +322,11 @@ class AdmissionConfig:
         _check(self.drain_window_s > 0, "drain_window_s must be positive")
         _check(0 < self.drain_alpha <= 1, "drain_alpha must lie in (0, 1]")
         _check(self.initial_retry_after_s > 0, "initial_retry_after_s must be positive")
+        _check(
+            math.isfinite(self.sla_margin) and self.sla_margin > 0,
+            f"sla_margin must be a positive factor of the SLA, got {self.sla_margin}",
+        )
+        _check(self.sla_recheck_s > 0, f"sla_recheck_s must be positive: {self.sla_recheck_s}")
         _check(
             0.0 <= self.p0_rate_reserve < 1.0,
             f"p0_rate_reserve must lie in [0, 1), got {self.p0_rate_reserve}",

@@ -73,6 +73,11 @@ class Request:
     eos_token_id: int | None = None
     # Tie-breaker among equal arrival times; the scheduler numbers requests as they come.
     arrival_seq: int = 0
+    # SLA admission: end this request early, with an error, once it is predicted to miss its
+    # class's TTFT SLA while it waits (its tenant opted in; engine/load.py late_requests).
+    end_if_late: bool = False
+    # SLA admission: the TTFT predicted when it was admitted (for the prediction-error metric).
+    predicted_ttft: float | None = None
 
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
     output_token_ids: list[int] = field(default_factory=list, init=False)

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, create_model
 
+from tierserve.admission.sla import policy_for_sla_admission
 from tierserve.api.settings import ServerSettings
 from tierserve.config import (
     AdmissionConfig,
@@ -37,6 +38,16 @@ def size(text: str) -> int | float:
 
 def sla(text: str) -> float | None:
     return None if str(text).lower() in ("none", "null", "-") else float(text)
+
+
+def on_off(text) -> bool:
+    """'on' / 'off' (a flag), or a YAML boolean (a config file)."""
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return value == "on"
 
 
 # (flag, type, nargs, help); every default is None so that the config file can fill it in.
@@ -71,6 +82,18 @@ OPTIONS = [
     ("--drr-weights", float, 4, "DRR weights P0..P3 (8 4 2 1)"),
     ("--wfq-weights", float, 4, "WFQ weights P0..P3 (16 8 4 2)"),
     ("--aging-thresholds", sla, 4, "seconds before promotion P0..P3 (none 30 15 5)"),
+    (
+        "--sla-admission",
+        on_off,
+        None,
+        "on: refuse (503 + Retry-After) a request predicted to miss its class's TTFT SLA (off)",
+    ),
+    (
+        "--sla-margin",
+        float,
+        None,
+        "SLA admission: admit while predicted TTFT <= margin x SLA (0.8)",
+    ),
     ("--tenants", str, None, "tenants file (YAML): keys, entitlements, rate limits"),
     (
         "--api-key",
@@ -127,7 +150,11 @@ SWITCHES = [
 def _file_type(typ, nargs) -> Any:
     """The YAML type of a flag: its value type (strict), a list of 4 for per-class flags, one
     value or a list for the `nargs="+"` ones."""
-    one = {size: int | float, sla: float | None | Literal["none", "None", "-"]}.get(typ, typ)
+    one = {
+        size: int | float,
+        sla: float | None | Literal["none", "None", "-"],
+        on_off: bool | Literal["on", "off"],
+    }.get(typ, typ)
     if nargs is None:
         return one
     if nargs == "+":
@@ -228,6 +255,9 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
     if "p0_rate_reserve" in opts:
         adm_kw["p0_rate_reserve"] = opts["p0_rate_reserve"]
     adm_kw["reject_on_sla_miss"] = bool(opts.get("reject_on_sla_miss", False))
+    adm_kw["sla_admission"] = bool(opts.get("sla_admission", False))
+    if "sla_margin" in opts:
+        adm_kw["sla_margin"] = opts["sla_margin"]
     adm_kw["shed_for_p0"] = not opts.get("no_shed", False)
     prio_kw = {"ttft_sla_s": tuple(opts["ttft_sla"])} if "ttft_sla" in opts else {}
     eng_kw = {
@@ -249,12 +279,13 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
         )
         if k in opts
     }
+    policy = PolicyConfig(**pol_kw)
     args = EngineArgs(
         **eng_kw,
         enable_prefix_caching=not opts.get("no_prefix_caching", False),
         p0_express=opts.get("p0_express"),
         partitions=PartitionConfig(**part_kw),
-        policy=PolicyConfig(**pol_kw),
+        policy=policy_for_sla_admission(policy) if adm_kw["sla_admission"] else policy,
         priorities=PriorityConfig(**prio_kw),
         admission=AdmissionConfig(**adm_kw),
     )

@@ -26,6 +26,7 @@ from tierserve.chat.template import load_chat_template
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.async_engine import AsyncEngine
 from tierserve.engine.builder import BuiltEngine, build_engine
+from tierserve.engine.load import LateRequestCheck
 from tierserve.memory import fix_mmap_threshold
 from tierserve.metrics import Metrics
 from tierserve.request import Request
@@ -56,7 +57,7 @@ def build_state(
     metrics = Metrics(args.priorities, settings.served_model_names[0])
     engine = AsyncEngine(core, built.tokenizer)
     # Admission runs on the event loop and reads the engine only through its snapshot.
-    admission = AdmissionController(args.admission, engine, core.clock, args.priorities)
+    admission = AdmissionController(args.admission, engine.view, core.clock, args.priorities)
     for t in tenants.tenants.values():
         if t.bucket is not None:
             admission.set_tenant_bucket(t.name, t.bucket)
@@ -64,6 +65,8 @@ def build_state(
     def on_event(kind: str, req: Request) -> None:
         if kind == "finished":
             metrics.on_finished(req)
+        elif kind == "ended_late":
+            metrics.on_ended_late(req)
 
     def on_step(stats) -> None:
         metrics.on_step(stats, built.executor.last_swap_seconds)
@@ -71,6 +74,9 @@ def build_state(
             metrics.on_preempted(prio, reason)
 
     engine.set_observers(on_event, on_step, metrics.on_snapshot, metrics.on_tokens)
+    adm = args.admission
+    if adm.sla_admission:  # the re-check of waiting requests, on the engine thread
+        engine.recheck = LateRequestCheck(args.priorities, adm.sla_margin, adm.sla_recheck_s)
     metrics.on_snapshot(engine.snapshot)  # gauges are right before the first request
     template = load_chat_template(settings.chat_template) if settings.chat_template else None
     return ServerState(

@@ -6,6 +6,11 @@ queue limits in requests and tokens (503 + retry-after from the class's measured
 optionally whether the class's TTFT SLA can still be met (503). Tokens are taken from the buckets
 only when the request is admitted.
 
+With SLA admission on (``AdmissionConfig.sla_admission``), the predicted TTFT is checked before
+the queue limits (admission/sla.py): a P1 or P2 request predicted later than margin x SLA is
+refused (503, code ``sla_unreachable``, Retry-After from the predicted drain), or demoted to P3
+when its tenant opted in (``demote_ok``); a P0 request only when its own class alone is too late.
+
 The global bucket keeps a reserve for P0 (`p0_rate_reserve` x burst, 20% by default): a lower
 class may take its cost only while the bucket then still holds the reserve (or, for a request
 larger than burst - reserve, only from a full bucket). So a lower-class flood can drain the
@@ -27,12 +32,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tierserve.admission.rate_meter import RateMeter
+from tierserve.admission.sla import MAX_RETRY_AFTER_S, SlaGate
 from tierserve.admission.token_bucket import TokenBucket
+from tierserve.admission.ttft import SLA_DEMOTED, SLA_UNREACHABLE, Load
 from tierserve.clock import Clock
 from tierserve.config import AdmissionConfig, BucketConfig, PriorityConfig
 from tierserve.priority import ALL_PRIORITIES, Priority
-
-MAX_RETRY_AFTER_S = 60.0
 
 
 class QueueView(Protocol):
@@ -50,6 +55,9 @@ class QueueView(Protocol):
         """Requests and prompt tokens of `priority` that left the queue for the running batch,
         counted since the start (monotonic)."""
 
+    def load(self) -> Load:
+        """The TTFT predictor's inputs (engine/load.py measure_load); SLA admission only."""
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -61,6 +69,9 @@ class Decision:
     retry_after_s: float | None = None
     queue_depth: int = 0
     shed: bool = False  # admitted by shedding one lower-class waiter
+    code: str | None = None  # finer reason: "sla_unreachable"
+    predicted_ttft_s: float | None = None  # SLA admission: the prediction it was judged on
+    demoted_from: Priority | None = None  # admitted as P3 instead of this class (opt-in)
 
 
 class AdmissionController:
@@ -85,6 +96,8 @@ class AdmissionController:
         self._drain_reqs = [RateMeter(w, a) for _ in ALL_PRIORITIES]
         self._drain_tokens = [RateMeter(w, a) for _ in ALL_PRIORITIES]
         self._seen = [queue.dequeued(p) for p in ALL_PRIORITIES]
+        self.sla = SlaGate(self.priorities, config.sla_margin)
+        # (reason, class) -> count: error types, or "sla_unreachable" / "sla_demoted".
         self.rejections: dict[tuple[str, Priority], int] = {}
 
     # -- configuration -------------------------------------------------------------------------
@@ -150,15 +163,25 @@ class AdmissionController:
         return min(MAX_RETRY_AFTER_S, max(excess, 1.0) / rate)
 
     # -- the decision ------------------------------------------------------------------------
-    def decide(self, priority: Priority, tenant: str, cost_tokens: int) -> Decision:
+    def decide(
+        self,
+        priority: Priority,
+        tenant: str,
+        cost_tokens: int,
+        prompt_tokens: int | None = None,
+        demote_ok: bool = False,
+    ) -> Decision:
+        """Admit or refuse a request of `priority` costing `cost_tokens` (prompt + max_tokens,
+        all choices); `prompt_tokens` (default: the cost) is what it must prefill; `demote_ok`:
+        its tenant takes best effort rather than a refusal when its SLA cannot be met."""
         now = self.clock.now()
         self._measure(now)
         depth = self.queue.queue_depth(priority)
 
-        def reject(status: int, kind: str, reason: str, retry: float | None) -> Decision:
-            key = (kind, priority)
+        def reject(status, kind, reason, retry, code=None) -> Decision:
+            key = (code or kind, priority)
             self.rejections[key] = self.rejections.get(key, 0) + 1
-            return Decision(False, priority, status, kind, reason, retry, depth)
+            return Decision(False, priority, status, kind, reason, retry, depth, code=code)
 
         keep = 0.0 if priority == Priority.P0 else self._p0_reserve  # of the global bucket
         buckets = [
@@ -189,6 +212,26 @@ class AdmissionController:
                 f"{worst[0]:.2f} s",
                 worst[0],
             )
+
+        predicted, demoted_from = None, None
+        if self.config.sla_admission:
+            work = prompt_tokens or cost_tokens
+            v = self.sla.check(self.queue.load(), priority, work, now, tenant)
+            predicted = v.predicted_s
+            if v.late and demote_ok and priority in (Priority.P1, Priority.P2):
+                demoted_from, priority, predicted = priority, Priority.P3, None
+                depth = self.queue.queue_depth(priority)
+            elif v.late:
+                sla = self.priorities.sla(priority)
+                return reject(
+                    503,
+                    "resource_exhausted",
+                    f"the {priority.tier} ({priority.label}) TTFT SLA of {sla:g} s cannot be met: "
+                    f"first token predicted in {v.predicted_s:.2f} s (limit {v.limit_s:.2f} s); "
+                    f"retry after {v.retry_after_s:.1f} s",
+                    v.retry_after_s,
+                    SLA_UNREACHABLE,
+                )
 
         shed = False
         lim_n = self.config.max_queued_requests[priority]
@@ -226,4 +269,14 @@ class AdmissionController:
 
         for _, b, k in buckets:
             b.take(cost_tokens, now, k)
-        return Decision(True, priority, queue_depth=depth, shed=shed)
+        if demoted_from is not None:
+            key = (SLA_DEMOTED, demoted_from)
+            self.rejections[key] = self.rejections.get(key, 0) + 1
+        return Decision(
+            True,
+            priority,
+            queue_depth=depth,
+            shed=shed,
+            predicted_ttft_s=predicted,
+            demoted_from=demoted_from,
+        )

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import math
-
 from fastapi.responses import JSONResponse
 
 from tierserve.admission import Decision
+from tierserve.admission.sla import retry_after_seconds
 
 
 class APIError(Exception):
@@ -44,7 +43,7 @@ def error_response(err: APIError) -> JSONResponse:
 
 
 def retry_after_header(seconds: float | None) -> str:
-    return str(max(1, math.ceil(seconds or 1.0)))
+    return str(retry_after_seconds(seconds))
 
 
 def admission_response(d: Decision) -> JSONResponse:
@@ -57,7 +56,7 @@ def admission_response(d: Decision) -> JSONResponse:
             "type": d.error_type,
             "message": d.reason,
             "param": None,
-            "code": None,
+            "code": d.code,
             "retry_after": d.retry_after_s,
             "current_queue_depth": d.queue_depth,
             "priority": d.priority.label.lower(),

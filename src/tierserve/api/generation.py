@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import Request as HTTPRequest
 from fastapi.responses import StreamingResponse
 
+from tierserve.admission.ttft import SLA_UNREACHABLE
 from tierserve.api.drain import SHUTDOWN_ERROR
 from tierserve.api.errors import APIError
 from tierserve.api.state import Prepared, ServerState
@@ -71,9 +72,18 @@ def usage(prompt: int, completion: int) -> dict:
 
 
 def _error_status(error: str | None, reason: str | None) -> int:
-    if error and (error.startswith("shed") or error == SHUTDOWN_ERROR):
+    if error and (error.startswith(("shed", SLA_UNREACHABLE)) or error == SHUTDOWN_ERROR):
         return 503  # with Retry-After
     return 400 if reason == "error" and error and "context" in error else 500
+
+
+def _error_kind(error: str | None) -> tuple[str, str | None]:
+    """(OpenAI error type, code) of a request the engine ended with `error`."""
+    if error and error.startswith(SLA_UNREACHABLE):  # ended early: its SLA became unreachable
+        return "resource_exhausted", SLA_UNREACHABLE
+    if error and error.startswith("shed"):
+        return "resource_exhausted", None
+    return "server_error", None
 
 
 class Choice:
@@ -81,6 +91,7 @@ class Choice:
         self.text, self.tokens, self.logprobs = "", [], []
         self.finish_reason: str | None = None
         self.error: str | None = None
+        self.retry_after_s: float | None = None
         self.completion_tokens = 0
 
 
@@ -96,7 +107,11 @@ async def collect(state: ServerState, http: HTTPRequest, prep: Prepared) -> list
             c.logprobs += d.logprobs
             c.completion_tokens = d.num_output_tokens
             if d.finished:
-                c.finish_reason, c.error = d.finish_reason, d.error
+                c.finish_reason, c.error, c.retry_after_s = (
+                    d.finish_reason,
+                    d.error,
+                    d.retry_after_s,
+                )
 
     task = asyncio.create_task(run())
     while not task.done():
@@ -107,10 +122,13 @@ async def collect(state: ServerState, http: HTTPRequest, prep: Prepared) -> list
     await task
     for c in choices:
         if c.error and c.finish_reason == "error":
+            kind, code = _error_kind(c.error)
             raise APIError(
                 _error_status(c.error, c.finish_reason),
                 c.error,
-                "resource_exhausted" if c.error.startswith("shed") else "server_error",
+                kind,
+                code=code,
+                retry_after_s=c.retry_after_s,
             )
     return choices
 
@@ -137,7 +155,9 @@ def stream(state, prep: Prepared, chunk: dict, body, n_prompt: int, make_choice:
         try:
             async for i, d in merged(state.engine, prep):
                 if d.finished and d.finish_reason == "error":
-                    yield _sse({"error": {"message": d.error, "type": "server_error"}})
+                    kind, code = _error_kind(d.error)
+                    err = {"message": d.error, "type": kind}
+                    yield _sse({"error": err | ({"code": code} if code else {})})
                     break
                 totals[i] = d.num_output_tokens
                 choice = make_choice(i, d, i not in started)

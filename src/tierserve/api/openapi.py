@@ -87,8 +87,9 @@ COMPLETION_RESPONSES: dict[int | str, dict[str, Any]] = {
     429: _err("rate limited: the tenant's or the global token bucket", OverloadResponse, True),
     500: _err("internal error; the message carries a request id that the server log names"),
     503: _err(
-        "the class's queue is full, the request was shed for a realtime one, or the server is "
-        "draining",
+        "the class's queue is full, the request was shed for a realtime one, its class's TTFT "
+        "SLA cannot be met (SLA admission: code `sla_unreachable`, also when a waiting request "
+        "is ended early), or the server is draining",
         OverloadResponse,
         True,
     ),

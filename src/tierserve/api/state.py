@@ -3,14 +3,16 @@ chat and completions share: priority, context checks, admission, Requests."""
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from tierserve.admission import AdmissionController
+from tierserve.admission.ttft import SLA_DEMOTED
 from tierserve.api.auth import request_tenant
 from tierserve.api.errors import APIError, admission_response
 from tierserve.api.protocol import Common
@@ -20,7 +22,7 @@ from tierserve.chat.prompt import ChatPrompter
 from tierserve.engine.async_engine import AsyncEngine, EngineDeadError
 from tierserve.metrics import Metrics
 from tierserve.model.tokenizer import ChatTokenizer
-from tierserve.priority import VALID_TIER_NAMES
+from tierserve.priority import VALID_TIER_NAMES, Priority
 from tierserve.request import Request
 from tierserve.sampling_params import SamplingParams
 
@@ -155,16 +157,31 @@ def prepare(
         ) from None
     budgets = _max_tokens(state, prompts, max_tokens, param)
     reqs = _requests(state, body, prompts, budgets, res, tenant, prefix)
+    limits = state.engine.limits
     try:  # what the scheduler would refuse (KV capacity of the class), refused here with a 400
         for r in reqs[:: body.n]:
-            state.engine.limits.check(r)
+            limits.check(r)
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
+    # SLA admission may demote a late P1/P2 request of an opted-in tenant to best effort, if
+    # best effort's memory can hold it.
+    demote_ok = tenant.sla_demote and all(limits.fits(r, Priority.P3) for r in reqs[:: body.n])
+    prompt_tokens = sum(len(ids) for ids in prompts) * body.n
     cost = sum(len(ids) + m for ids, m in zip(prompts, budgets, strict=True)) * body.n
-    decision = state.admission.decide(res.priority, tenant.name, cost)
+    decision = state.admission.decide(res.priority, tenant.name, cost, prompt_tokens, demote_ok)
     if not decision.admitted:
-        state.metrics.on_rejected(decision.error_type or "invalid_request", res.priority)
+        state.metrics.on_rejected(decision.code or decision.error_type, res.priority)
         return admission_response(decision)
+    if decision.demoted_from is not None:
+        state.metrics.on_rejected(SLA_DEMOTED, decision.demoted_from)
+        res = replace(res, priority=decision.priority)
+        reqs = _requests(state, body, prompts, budgets, res, tenant, prefix)
+    predicted = decision.predicted_ttft_s
+    if predicted is not None and not math.isfinite(predicted):
+        predicted = None  # best effort behind a saturating class: no time to promise
+    for r in reqs:
+        r.predicted_ttft = predicted
+        r.end_if_late = tenant.sla_end_early and state.admission.config.sla_admission
     if decision.shed:
         state.engine.shed(
             res.priority,
@@ -174,6 +191,10 @@ def prepare(
     headers = {"x-tierserve-priority": res.priority.label.lower(), "x-request-id": rid}
     if res.clamped:
         headers["x-tierserve-priority-clamped"] = "true"
+    if decision.demoted_from is not None:  # never silently late: the client is told
+        headers["x-tierserve-demoted"] = res.priority.label.lower()
+    if predicted is not None:
+        headers["x-tierserve-predicted-ttft-ms"] = str(round(1000 * predicted))
     # Submitted in the same event-loop turn as the admission decision, so the next decision
     # already counts these requests.
     try:  # requests submitted before a crash are failed by the engine's crash handler

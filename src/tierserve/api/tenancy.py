@@ -10,6 +10,8 @@ A tenants file (YAML)::
         default_tier: online        # used when the request names none
         rate_limit: {tokens_per_s: 2000, burst: 8000}
         share_prefix_cache: false   # default: its own cache salt (its name)
+        sla_demote: false           # SLA admission: a late P1/P2 request runs as P3, not 503
+        sla_end_early: false        # SLA admission: end a waiting request that became late
 
 A requested class above the tenant's entitlement is clamped to the entitlement, never honoured;
 the class actually used is reported in the ``x-tierserve-priority`` response header.
@@ -56,6 +58,8 @@ class TenantSpec(FileModel):
     default_tier: Tier = Priority.P1
     rate_limit: RateLimitSpec | None = None
     share_prefix_cache: bool = False
+    sla_demote: bool = False
+    sla_end_early: bool = False
 
 
 class TenantsFile(FileModel):
@@ -78,6 +82,10 @@ class Tenant:
     default_priority: Priority = Priority.P1
     bucket: BucketConfig | None = None
     cache_salt: str | None = None
+    # SLA admission opt-ins (admission/sla.py): instead of a 503, a P1/P2 request that cannot
+    # make its SLA runs as best effort (P3); a waiting request that became late is ended early.
+    sla_demote: bool = False
+    sla_end_early: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,9 @@ class TenantRegistry:
             rl = t.rate_limit
             bucket = BucketConfig(rl.tokens_per_s, rl.burst) if rl else None
             salt = None if t.share_prefix_cache else name
-            tenants[name] = Tenant(name, t.max_tier, t.default_tier, bucket, salt)
+            tenants[name] = Tenant(
+                name, t.max_tier, t.default_tier, bucket, salt, t.sla_demote, t.sla_end_early
+            )
             for key in t.keys:
                 if key in keys:
                     raise ConfigFileError(

@@ -3,7 +3,8 @@
 The two threads share no live mutable state. The event loop sends commands (add, abort, fail,
 shed) through a queue and reads two things: each request's ``asyncio.Queue`` of deltas, filled
 with ``loop.call_soon_threadsafe``, and the latest ``EngineSnapshot``, which the engine thread
-publishes after every step, every batch of commands and every idle tick. The engine thread owns
+publishes after every step, every batch of commands and every idle tick (admission control reads
+it through ``view``, engine/queue_view.py). The engine thread owns
 the scheduler, the output processor (detokenizer, stop strings) and its table of streams; the
 event loop owns its own counters (submitted requests, streams still open).
 
@@ -25,7 +26,9 @@ from dataclasses import dataclass, field
 
 from tierserve.core.limits import RequestLimits
 from tierserve.engine.core import EngineCore, StepStats
+from tierserve.engine.load import LateRequestCheck
 from tierserve.engine.output_processor import OutputProcessor
+from tierserve.engine.queue_view import SnapshotQueueView
 from tierserve.engine.snapshot import EngineSnapshot, take_snapshot
 from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.priority import NUM_PRIORITIES, Priority
@@ -50,6 +53,7 @@ class StreamDelta:
     error: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    retry_after_s: float | None = None  # an error the client may retry: when
 
 
 @dataclass
@@ -79,6 +83,8 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tierserve-engine", daemon=True)
         self.set_observers(on_event, on_step, on_snapshot, on_tokens)
+        # Set before start: the SLA re-check of waiting requests, run on the engine thread.
+        self.recheck: LateRequestCheck | None = None
         self.heartbeat = time.monotonic()
         self.error: BaseException | None = None
         # Hand-over between submit() and a crashing engine thread: a request is either queued
@@ -91,10 +97,8 @@ class AsyncEngine:
         self._intake_tokens = [0] * NUM_PRIORITIES
         self._sheds = 0
         self._seq = 0
-        # Event loop only.
-        self._submitted = [0] * NUM_PRIORITIES
-        self._submitted_tokens = [0] * NUM_PRIORITIES
-        self._sheds_asked = 0
+        # Event loop only: admission's QueueView (snapshot + submitted counters), open streams.
+        self.view = SnapshotQueueView(lambda: self.snapshot)
         self._open: set[str] = set()
         self.snapshot: EngineSnapshot = take_snapshot(core, 0)
 
@@ -112,33 +116,6 @@ class AsyncEngine:
         self._on_step = on_step or (lambda stats: None)
         self._on_snapshot = on_snapshot or (lambda snap: None)
         self._on_tokens = on_tokens or (lambda req, n, now: None)
-
-    # -- queue view for admission control (event loop side, from the snapshot) ---------------
-    def _pending(self, snap: EngineSnapshot) -> list[int]:
-        return [self._submitted[c] - snap.intake[c] for c in range(NUM_PRIORITIES)]
-
-    def queue_depth(self, priority: Priority) -> int:
-        """Requests of `priority` that will have to wait: queued or just submitted, minus the
-        running seats still free for them (a burst into an idle server is not a queue)."""
-        snap = self.snapshot
-        pending = self._pending(snap)
-        own = snap.waiting[priority] + pending[priority]
-        everyone = sum(snap.waiting) + sum(pending)
-        free = max(0, snap.max_num_seqs - snap.num_running - (everyone - own))
-        return max(0, own - free)
-
-    def queued_tokens(self, priority: Priority) -> int:
-        snap = self.snapshot
-        pending = self._submitted_tokens[priority] - snap.intake_tokens[priority]
-        return snap.waiting_tokens[priority] + pending
-
-    def can_shed(self, below: Priority) -> bool:
-        snap = self.snapshot
-        lower = sum(snap.waiting[c] for c in range(int(below) + 1, NUM_PRIORITIES))
-        return lower - (self._sheds_asked - snap.sheds) > 0
-
-    def dequeued(self, priority: Priority) -> tuple[int, int]:
-        return self.snapshot.served[priority]
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -175,8 +152,7 @@ class AsyncEngine:
         with self._handover:
             if self.error is not None:
                 raise EngineDeadError(f"the engine has stopped: {self.error!r}")
-            self._submitted[request.priority] += 1
-            self._submitted_tokens[request.priority] += request.num_prompt_tokens
+            self.view.on_submit(request)
             self._open.add(request.request_id)
             self._send(("add", stream))
         return stream
@@ -211,7 +187,7 @@ class AsyncEngine:
     def shed(self, below: Priority, reason: str) -> None:
         """Fail the waiting request to shed first among classes less urgent than `below`
         (admission made room for a more urgent request)."""
-        self._sheds_asked += 1
+        self.view.on_shed()
         self._send(("shed", below, reason))
 
     def _send(self, cmd: tuple) -> None:
@@ -227,6 +203,7 @@ class AsyncEngine:
                 if self._stop.is_set():
                     self._publish()
                     return
+                news = self._end_late() or news
                 if self.core.has_unfinished():
                     changed = self.core.step()
                     if self.core.last_stats is not None:
@@ -247,6 +224,17 @@ class AsyncEngine:
             for rid in list(self._streams):
                 self._finish_stream(rid, "error", f"engine error: {exc!r}")
             self._flush()
+
+    def _end_late(self) -> bool:
+        """End the waiting requests the SLA re-check finds late (events "ended_late", then
+        "finished"); the re-check paces itself."""
+        late = self.recheck.poll(self.core) if self.recheck else []
+        for req, late_s, message in late:
+            if self.core.fail_request(req.request_id, message) is not None:
+                self._on_event("ended_late", req)
+                self._on_event("finished", req)
+                self._finish_stream(req.request_id, "error", message, retry_after_s=late_s)
+        return bool(late)
 
     def _idle(self) -> None:
         if not self._wake.wait(IDLE_TICK_S):
@@ -335,7 +323,9 @@ class AsyncEngine:
             self._put(stream, delta)
         self._flush()
 
-    def _finish_stream(self, rid: str, reason: str, error: str | None) -> None:
+    def _finish_stream(
+        self, rid: str, reason: str, error: str | None, retry_after_s: float | None = None
+    ) -> None:
         stream = self._streams.get(rid)
         if stream is None:
             return
@@ -349,6 +339,7 @@ class AsyncEngine:
                 error=error,
                 num_prompt_tokens=req.num_prompt_tokens,
                 num_output_tokens=req.num_output_tokens,
+                retry_after_s=retry_after_s,
             ),
         )
 

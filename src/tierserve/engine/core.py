@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+from tierserve.admission.load_meter import LoadMeter
 from tierserve.clock import Clock
 from tierserve.config import (
     FLAT_PARTITIONS,
@@ -62,6 +63,10 @@ class EngineCore:
         self.last_stats: StepStats | None = None
         self.num_steps = 0
         self.num_failed_steps = 0
+        # Rates for the TTFT predictor, measured on this engine's clock (admission/ttft.py).
+        costs = scheduler.costs
+        self.load_meter = LoadMeter(costs.prefill_tokens_per_s if costs else None)
+        self.service_order = scheduler.policy.service_order()
 
     @classmethod
     def build(
@@ -85,6 +90,8 @@ class EngineCore:
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
+        meter, now = self.load_meter, self.clock.now()
+        meter.on_add(request.base_priority, request.num_tokens, now, request.tenant)
 
     def abort_request(self, request_id: str, reason: str | None = None) -> Request | None:
         """Abort from any state; frees everything the request holds. None if unknown."""
@@ -122,6 +129,7 @@ class EngineCore:
         in0, out0 = before.swapped_in_blocks, before.swapped_out_blocks
         s.preemption_events.clear()
         self.last_stats = None
+        started = self.clock.now()
         t0 = time.perf_counter()
         out = s.schedule()
         t1 = time.perf_counter()
@@ -131,7 +139,11 @@ class EngineCore:
         ran = out.total_num_scheduled_tokens or out.blocks_to_swap_in or out.blocks_to_swap_out
         if ran:
             self.num_steps += 1
-            self.last_stats = self._stats(out, result, t1 - t0, t2 - t1, swap0, rec0, in0, out0)
+            stats = self._stats(out, result, t1 - t0, t2 - t1, swap0, rec0, in0, out0)
+            self.last_stats = stats
+            self.load_meter.on_step(
+                started, self.clock.now(), stats.num_prefill_tokens, backlog=stats.waiting > 0
+            )
         return changed
 
     def _execute(self, out: SchedulerOutput) -> ExecutorOutput:

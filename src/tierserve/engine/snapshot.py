@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tierserve.admission.ttft import Load
 from tierserve.core.kv.manager import KVStats
+from tierserve.engine.load import measure_load
 from tierserve.priority import NUM_PRIORITIES
 
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ class EngineSnapshot:
     intake_tokens: tuple[int, ...]
     sheds: int  # shed commands carried out since start
     kv: KVStats
+    load: Load  # the TTFT predictor's inputs (engine/load.py)
 
     @property
     def num_running(self) -> int:
@@ -71,4 +74,5 @@ def take_snapshot(
         intake_tokens=tuple(intake_tokens),
         sheds=sheds,
         kv=s.kv.stats(),
+        load=measure_load(core),
     )

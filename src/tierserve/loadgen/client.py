@@ -39,6 +39,9 @@ class RequestRecord:
     output_tokens: int = 0  # usage.completion_tokens, else the number of text chunks
     usage_reported: bool = False
     finish: float | None = None  # end of the stream (or of the failure)
+    # The server's predicted time to first token, when it says (tierserve with SLA admission:
+    # x-tierserve-predicted-ttft-ms), to measure its predictor against the TTFT seen here.
+    predicted_ttft: float | None = None
 
     @property
     def first_token(self) -> float | None:
@@ -185,6 +188,9 @@ async def send(
 async def _stream(http, ep: Endpoint, body: dict, headers: dict, rec: RequestRecord, clock):
     async with http.stream("POST", ep.url, json=body, headers=headers) as resp:
         rec.status = resp.status_code
+        predicted = resp.headers.get("x-tierserve-predicted-ttft-ms")
+        if predicted is not None and predicted.isdigit():
+            rec.predicted_ttft = int(predicted) / 1000
         if resp.status_code != 200:
             raw = await resp.aread()
             rec.retry_after = parse_retry_after(resp.headers.get("retry-after"))

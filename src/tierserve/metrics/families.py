@@ -132,8 +132,18 @@ class Families:
             Counter, "llm_preemption", "Preempted requests", ("victim_priority", "reason")
         )
         self.rejections = own(
-            Counter, "llm_admission_rejections", "Requests refused before the queue",
+            Counter, "llm_admission_rejections",
+            "Requests refused before the queue (reason: rate_limited, resource_exhausted, "
+            "sla_unreachable; sla_demoted: run as best effort instead)",
             ("reason", "priority"),
+        )  # fmt: skip
+        self.sla_ended = own(
+            Counter, "llm_sla_ended_early",
+            "Waiting requests ended early: their class's TTFT SLA became unreachable", p,
+        )  # fmt: skip
+        self.ttft_error = own(
+            Histogram, "llm_ttft_prediction_error_seconds",
+            "SLA admission: |actual - predicted| time to first token", p, **lat,
         )  # fmt: skip
         # -- llm_*: steps ----------------------------------------------------------------------
         self.schedule_time = own(

@@ -36,6 +36,7 @@ class Metrics:
                 fam.labels(q.label)
             f.sla_met.labels(q.label, q.tier)
             f.sla_total.labels(q.label, q.tier)
+            f.sla_ended.labels(q.label)
         for part in PARTITIONS:
             for state in ("used", "free"):
                 f.kv_blocks.labels(part, state)
@@ -58,6 +59,8 @@ class Metrics:
             ttft = now - req.arrival_time
             f.ttft.labels(label).observe(ttft)
             f.v_ttft.labels().observe(ttft)
+            if req.predicted_ttft is not None:
+                f.ttft_error.labels(label).observe(abs(ttft - req.predicted_ttft))
             if req.first_scheduled_time is not None:
                 queued = req.first_scheduled_time - req.arrival_time
                 f.wait.labels(label).observe(queued)
@@ -114,6 +117,10 @@ class Metrics:
         self.f.sla_total.labels(p.label, p.tier).inc()
         if req.first_token_time is not None and req.first_token_time - req.arrival_time <= sla:
             self.f.sla_met.labels(p.label, p.tier).inc()
+
+    def on_ended_late(self, req: Request) -> None:
+        """The SLA re-check ended a waiting request (engine thread)."""
+        self.f.sla_ended.labels(req.base_priority.label).inc()
 
     def on_preempted(self, victim_priority: Priority, reason: str, n: int = 1) -> None:
         self.f.preemptions.labels(victim_priority.label, reason).inc(n)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tierserve.config import PolicyConfig, PriorityConfig
+from tierserve.policies.order import FLAT_ORDER, ServiceOrder
 from tierserve.policies.queues import ClassQueue
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import Request, RequestStatus
@@ -58,6 +59,7 @@ class Policy(ABC):
     name: str = ""
     class_aware: bool = True
     p0_strict: bool = False
+    tenant_fair: bool = False  # tenants share each class equally (ClassedPolicy with VTC lanes)
 
     def strict_before(self, priority: Priority) -> tuple[Priority, ...]:
         """Classes whose waiting requests this policy always serves before `priority`."""
@@ -76,6 +78,36 @@ class Policy(ABC):
         if self.class_aware:
             return (request.priority, *arrival_key(request))
         return arrival_key(request)
+
+    def service_order(self, weights: tuple[float, ...] | None = None) -> ServiceOrder:
+        """How waiting work is ordered across classes, for the TTFT predictor (see
+        policies/order.py): by default the classes ``strict_before`` names go first and the
+        others share by `weights` (if given)."""
+        if not self.class_aware:
+            return FLAT_ORDER
+        yields = tuple(
+            tuple(int(k) for k in self.strict_before(Priority(c))) for c in range(NUM_PRIORITIES)
+        )
+        return ServiceOrder(
+            before=yields,
+            weights=tuple(float(w) for w in (weights or (0.0,) * NUM_PRIORITIES)),
+            yields_to=yields,
+            tenant_fair=self.tenant_fair,
+        )
+
+    def queue_key(self, request: Request) -> tuple:
+        """A waiting request's place in its class's queue (smaller: served sooner): preempted
+        requests first, then arrival. For the SLA re-check, which walks a queue in order."""
+        return (request.status != RequestStatus.PREEMPTED, *arrival_key(request))
+
+    def tenant_counters(self, priority: Priority) -> dict[str, float]:
+        """Tenant-fair classes: each tenant's virtual token counter (read-only view)."""
+        return {}
+
+    def class_tags(self) -> tuple[float, ...] | None:
+        """Classes sharing by weight with start-time fair queueing: each class's start tag for
+        its next service (None: the policy keeps none)."""
+        return None
 
     def prefill_cap_exempt(self, request: Request) -> bool:
         """Whether a long prompt of `request` may take a whole step's budget (P0 may)."""
@@ -176,7 +208,7 @@ class ClassedPolicy(Policy):
 
     def __init__(self, config: PolicyConfig, priorities: PriorityConfig | None = None) -> None:
         super().__init__(config, priorities)
-        fair = self.uses_tenant_fairness and config.tenant_fairness
+        fair = self.tenant_fair = self.uses_tenant_fairness and config.tenant_fairness
         self.queues = [ClassQueue(tenant_fair=fair) for _ in range(NUM_PRIORITIES)]
         self._where: dict[str, int] = {}
         self._reqs: dict[str, Request] = {}
@@ -207,6 +239,10 @@ class ClassedPolicy(Policy):
     def order_key(self, request: Request, entered: float | None = None) -> tuple:
         """Order inside a class: arrival (subclasses may use deadlines)."""
         return arrival_key(request)
+
+    def queue_key(self, request: Request) -> tuple:
+        entered = self._entered.get(request.request_id)
+        return (request.status != RequestStatus.PREEMPTED, *self.order_key(request, entered))
 
     # -- queue operations ------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -260,6 +296,9 @@ class ClassedPolicy(Policy):
 
     def requests(self) -> list[Request]:
         return [r for q in self.queues for r in q.requests()]
+
+    def tenant_counters(self, priority: Priority) -> dict[str, float]:
+        return self.queues[priority].counters
 
     def peek(self, state: SchedulerState) -> Request | None:
         self.refresh(state.now)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from tierserve.policies.base import ClassedPolicy, SchedulerState
+from tierserve.policies.order import ServiceOrder
 from tierserve.policies.registry import register_policy
 from tierserve.priority import NUM_PRIORITIES
 
@@ -60,6 +61,9 @@ class DRRPolicy(ClassedPolicy):
                 if rounds > 1:
                     for k in active:
                         d[k] += (rounds - 1) * self.quantum[k]
+
+    def service_order(self, weights=None) -> ServiceOrder:
+        return super().service_order(tuple(self.config.drr_weights))
 
     def _commit(self, pick: tuple, request, cost: int) -> None:
         c, d, ptr = pick

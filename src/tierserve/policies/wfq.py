@@ -13,7 +13,10 @@ Aging: a request that has waited in class ``c`` longer than ``aging_thresholds_s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tierserve.policies.base import ClassedPolicy, SchedulerState
+from tierserve.policies.order import STRICT_BY_CLASS, ServiceOrder
 from tierserve.policies.registry import register_policy
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import Request
@@ -73,6 +76,9 @@ class _SFQPolicy(ClassedPolicy):
             return (backlog[0], None)
         return None
 
+    def class_tags(self) -> tuple[float, ...]:
+        return tuple(max(self.vtime, f) for f in self.finish)
+
     def _commit(self, pick: tuple, request: Request, cost: int) -> None:
         c, start = pick
         if start is not None:
@@ -82,7 +88,8 @@ class _SFQPolicy(ClassedPolicy):
 
 @register_policy("wfq")
 class WFQPolicy(_SFQPolicy):
-    pass
+    def service_order(self, weights=None) -> ServiceOrder:
+        return super().service_order(tuple(self.weights))
 
 
 @register_policy("hybrid")
@@ -100,3 +107,13 @@ class HybridPolicy(_SFQPolicy):
     strict_classes = frozenset({int(Priority.P0)})
     best_effort_classes = frozenset({int(Priority.P3)})
     top_promotion_class = Priority.P1
+
+    def service_order(self, weights=None) -> ServiceOrder:
+        # P3 (best effort) comes after everyone. P1 and P2 share by SFQ weight until a head has
+        # used `sla_urgency_fraction` of its SLA; with the default fifth (1 s of P1's 5 s), P1
+        # waits longer than that under the load where admission matters, so P1 goes before P2.
+        # At 1.0 only a late head jumps the fair share: P1 and P2 share by weight.
+        if self.config.sla_urgency_fraction < 1.0:
+            return replace(super().service_order(), before=STRICT_BY_CLASS)
+        shared = tuple(w if c in (1, 2) else 0.0 for c, w in enumerate(self.weights))
+        return replace(super().service_order(shared), before=((), (0,), (0,), (0, 1, 2)))

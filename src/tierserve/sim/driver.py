@@ -5,16 +5,25 @@ Loop: admit every arrival due by now (through the real AdmissionController), run
 step, record what finished (a closed-loop client sends its next request at that moment), and
 when the engine is idle, wait for the next arrival. A request's arrival time is its event time,
 so time spent before the loop notices it counts as waiting, as it would for a client.
+
+A refused closed-loop client obeys the Retry-After it was given (whole seconds, as the header
+says): it sends the same request again then, at most `max_retries` times, and after that gives
+up on it and sends its next one. Each attempt is a record (`attempt` counts the retries).
+With SLA admission on, the driver also runs the re-check of waiting requests after each step
+(``LateRequestCheck``, the same code as the server's engine thread).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tierserve.admission import AdmissionController
+from tierserve.admission.sla import retry_after_seconds
 from tierserve.engine.core import EngineCore, StepStats
+from tierserve.engine.load import LateRequestCheck
 from tierserve.priority import Priority
 from tierserve.request import Request, RequestStatus
 from tierserve.sim.events import EventKind, EventQueue
@@ -32,7 +41,11 @@ class RequestRecord:
     finish: float | None = None
     output_tokens: int = 0
     preemptions: int = 0
-    outcome: str = "pending"  # completed | rejected | failed | pending
+    outcome: str = "pending"  # completed | rejected | failed | ended_early | pending
+    attempt: int = 0  # 0: first sent; n: the n-th retry after a refusal
+    predicted_ttft: float | None = None  # SLA admission's prediction when admitted
+    demoted: bool = False  # admitted as P3 instead of its class (tenant opted in)
+    tenant: str = ""
 
 
 @dataclass
@@ -51,6 +64,15 @@ class StepSample:
     swapped: int
 
 
+@dataclass(frozen=True)
+class SlaClients:
+    """What the simulated tenants opted into under SLA admission, and how clients retry."""
+
+    demote_tenants: frozenset[str] = frozenset()  # late P1/P2 requests become P3
+    end_early_tenants: frozenset[str] = frozenset()  # late waiting requests are ended
+    recheck: LateRequestCheck | None = None
+
+
 @dataclass
 class DriveResult:
     records: list[RequestRecord] = field(default_factory=list)
@@ -65,6 +87,7 @@ def record_of(req: Request) -> RequestRecord:
         req.arrival_time,
         req.num_prompt_tokens,
         req.sampling_params.max_tokens,
+        tenant=req.tenant,
     )
 
 
@@ -79,22 +102,32 @@ class EngineFeed:
         admission: AdmissionController,
         result: DriveResult,
         on_finish: Callable[[float], None],
+        sla: SlaClients | None = None,
     ) -> None:
         self.engine = engine
         self.admission = admission
         self.result = result
         self.on_finish = on_finish
+        self.sla = sla or SlaClients()
         self.live: dict[str, RequestRecord] = {}
 
-    def submit(self, req: Request, now: float) -> float | None:
+    def submit(self, req: Request, now: float, attempt: int = 0) -> float | None:
         """Record `req` and admit it, or reject it: then return when its client may retry."""
         rec = record_of(req)
+        rec.attempt = attempt
         self.result.records.append(rec)
         cost = req.num_prompt_tokens + req.sampling_params.max_tokens
-        d = self.admission.decide(req.priority, req.tenant, cost)
+        demote = req.tenant in self.sla.demote_tenants
+        d = self.admission.decide(req.priority, req.tenant, cost, req.num_prompt_tokens, demote)
+        if d.predicted_ttft_s is not None and math.isfinite(d.predicted_ttft_s):
+            rec.predicted_ttft = d.predicted_ttft_s
         if not d.admitted:
             rec.outcome = "rejected"
-            return req.arrival_time + (d.retry_after_s or 1.0)
+            return req.arrival_time + retry_after_seconds(d.retry_after_s)
+        if d.demoted_from is not None:
+            req.priority = req.base_priority = d.priority
+            rec.demoted = True
+        req.end_if_late = req.tenant in self.sla.end_early_tenants
         if d.shed:
             shed = self.engine.shed_lowest(req.priority, "shed for a P0 request")
             if shed is not None and shed.request_id in self.live:
@@ -121,7 +154,19 @@ class EngineFeed:
                 rec.first_token = req.first_token_time
             if req.is_finished:
                 self._finished(req, engine.clock.now())
+        self._end_late()
         return True
+
+    def _end_late(self) -> None:
+        """The SLA re-check: end the waiting requests predicted to miss their SLA (opted in)."""
+        if self.sla.recheck is None:
+            return
+        for req, _late, message in self.sla.recheck.poll(self.engine):
+            if self.engine.fail_request(req.request_id, message) is not None:
+                rec = self.live.get(req.request_id)
+                self._finished(req, self.engine.clock.now())
+                if rec is not None:
+                    rec.outcome = "ended_early"
 
     def _finished(self, req: Request, when: float) -> None:
         rec = self.live.pop(req.request_id)
@@ -170,12 +215,27 @@ def first_arrivals(workload: Workload, events: EventQueue, start: float) -> None
         events.push(start + workload.gap(), EventKind.ARRIVAL)
 
 
+def resend(req: Request, now: float, attempt: int) -> Request:
+    """A refused client's retry: the same request, sent again at `now`."""
+    return Request(
+        f"{req.request_id.split('~')[0]}~{attempt}",
+        req.prompt_token_ids,
+        req.sampling_params,
+        priority=req.base_priority,
+        tenant=req.tenant,
+        arrival_time=now,
+        deadline=req.deadline,
+    )
+
+
 def drive(
     engine: EngineCore,
     workload: Workload,
     admission: AdmissionController,
     idle_until: Callable[[float], None],
     progress: Callable[[float], None] | None = None,
+    max_retries: int = 0,
+    sla: SlaClients | None = None,
 ) -> DriveResult:
     cfg = workload.cfg
     clock = engine.clock
@@ -189,16 +249,21 @@ def drive(
         if cfg.arrival == "closed":
             events.push(when, EventKind.COMPLETION)
 
-    feed = EngineFeed(engine, admission, result, on_finish)
+    feed = EngineFeed(engine, admission, result, on_finish, sla)
     while True:
         now = clock.now()
-        # COMPLETION (a closed-loop client's next request) and ARRIVAL both bring a request.
-        for t, _kind, _ in events.pop_due(now):
+        # COMPLETION (a closed-loop client's next request) and ARRIVAL both bring a request;
+        # an ARRIVAL with a payload is a refused request sent again.
+        for t, _kind, again in events.pop_due(now):
             if t >= end:
                 continue  # arrivals stop; a closed-loop client retires
-            retry = feed.submit(workload.make(t), now)
+            req, attempt = (workload.make(t), 0) if again is None else again
+            if again is not None:
+                req = resend(req, t, attempt)
+            retry = feed.submit(req, now, attempt)
             if retry is not None and cfg.arrival == "closed":
-                events.push(retry, EventKind.ARRIVAL)
+                give_up = attempt >= max_retries
+                events.push(retry, EventKind.ARRIVAL, None if give_up else (req, attempt + 1))
             if cfg.arrival != "closed":
                 events.push(t + workload.gap(), EventKind.ARRIVAL)
         if engine.has_unfinished():

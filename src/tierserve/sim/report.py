@@ -7,6 +7,14 @@ import json
 from pathlib import Path
 
 from tierserve.sim.scenarios import SEED_FIGURES
+from tierserve.sim.sla_report import (
+    has_sla,
+    sla_markdown,
+    sla_targets,
+    variant,
+    variants,
+    write_goodput_plot,
+)
 
 CLASSES = ("P0", "P1", "P2", "P3")
 
@@ -18,7 +26,8 @@ def _fmt(v, unit: str = "s", digits: int = 2) -> str:
 
 
 def _by(results: list[dict]) -> dict[tuple[str, int], dict]:
-    return {(r["policy"], r["concurrency"]): r for r in results}
+    """Runs by (variant, concurrency): the policy, `+sla` when SLA admission was on."""
+    return {(variant(r), r["concurrency"]): r for r in results}
 
 
 def targets(results: list[dict]) -> list[tuple[str, bool, str]]:
@@ -64,12 +73,12 @@ def targets(results: list[dict]) -> list[tuple[str, bool, str]]:
             f"{failed} failed or unfinished",
         )
     )
-    return out
+    return out + sla_targets(results)
 
 
 def write_markdown(results: list[dict], path: Path, title: str) -> None:
     by = _by(results)
-    policies = [p for p in ("fcfs", "drr", "strict", "wfq", "hybrid") if any(k[0] == p for k in by)]
+    policies = variants(results)
     conc = sorted({r["concurrency"] for r in results})
     r0 = results[0]
     lines = [
@@ -110,6 +119,8 @@ def write_markdown(results: list[dict], path: Path, title: str) -> None:
         "done | rejected | failed |",
         "|" + "---|" * 12,
     ]
+    if has_sla(results):
+        lines[-2] = lines[-2].replace("| SLA |", "| SLA (admitted) |")
     for c in conc:
         for p in policies:
             r = by.get((p, c))
@@ -124,6 +135,7 @@ def write_markdown(results: list[dict], path: Path, title: str) -> None:
                     f"{_fmt(s['e2e_p95_s'])} | {'–' if att is None else f'{100 * att:.1f}%'} | "
                     f"{s['completed']} | {s['rejected']} | {s['failed']} |"
                 )
+    lines += sla_markdown(results)
     lines += [
         "",
         "## Throughput and utilisation",
@@ -157,7 +169,7 @@ def write_plots(results: list[dict], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     by = _by(results)
-    policies = sorted({k[0] for k in by})
+    policies = variants(results)
     conc = sorted({r["concurrency"] for r in results})
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.2), sharey=True)
     # A log axis needs one positive value somewhere (very short runs may have no first token).
@@ -169,7 +181,9 @@ def write_plots(results: list[dict], out: Path) -> list[Path]:
     for ax, cls in zip(axes, CLASSES, strict=True):
         for p in policies:
             ys = [by[(p, c)]["classes"][cls]["ttft_p95_s"] if (p, c) in by else None for c in conc]
-            ax.plot(conc, [y if y is not None else float("nan") for y in ys], marker="o", label=p)
+            style = "--" if p.endswith("+sla") else "-"
+            ys = [y if y is not None else float("nan") for y in ys]
+            ax.plot(conc, ys, marker="o", linestyle=style, label=p)
         sla = results[0]["classes"][cls]["sla_s"]
         if sla:
             ax.axhline(sla, color="grey", linestyle="--", linewidth=1, label=f"SLA {sla:g} s")
@@ -188,6 +202,7 @@ def write_plots(results: list[dict], out: Path) -> list[Path]:
 
     top = max(conc)
     runs = [by[(p, top)] for p in policies if (p, top) in by]
+    runs = [r for r in runs if not r.get("sla_admission")] or runs  # off, when both ran
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4), sharey=True, squeeze=False)
     for ax, r in zip(axes[0], runs, strict=True):
         series = r["kv_usage_series"]
@@ -208,7 +223,7 @@ def write_plots(results: list[dict], out: Path) -> list[Path]:
     p2 = out / "kv_usage.png"
     fig.savefig(p2, dpi=110)
     plt.close(fig)
-    return [p1, p2]
+    return [p1, p2, *([write_goodput_plot(results, out)] if has_sla(results) else [])]
 
 
 def write_all(results: list[dict], out: Path, title: str) -> list[Path]:

@@ -4,9 +4,10 @@ virtual clock, drive it with a workload, and summarise."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from tierserve.admission import AdmissionController
+from tierserve.admission.sla import policy_for_sla_admission
 from tierserve.clock import ManualClock
 from tierserve.config import (
     AdmissionConfig,
@@ -17,8 +18,9 @@ from tierserve.config import (
     SchedulerConfig,
 )
 from tierserve.engine.core import EngineCore
+from tierserve.engine.load import CoreQueueView, LateRequestCheck
 from tierserve.sim.cost_model import CostModel
-from tierserve.sim.driver import DriveResult, drive
+from tierserve.sim.driver import DriveResult, SlaClients, drive
 from tierserve.sim.executor import SimExecutor
 from tierserve.sim.profiles import load_hardware, load_model_profile
 from tierserve.sim.stats import run_stats
@@ -48,6 +50,20 @@ class SimConfig:
     priorities: PriorityConfig = field(default_factory=PriorityConfig)
     admission: AdmissionConfig = SIM_ADMISSION
     kv_sample_points: int = 200
+    # A refused closed-loop client sends the same request again after its Retry-After, at most
+    # this many times, then moves on to its next request.
+    max_retries: int = 3
+    # SLA admission opt-ins of the workload's tenants ("tenant-0", ...).
+    demote_tenants: tuple[str, ...] = ()
+    end_early_tenants: tuple[str, ...] = ()
+    # hybrid's SLA urgency under SLA admission (policy_for_sla_admission: 1.0; the default 0.2
+    # only for comparison, benchmarks/sla_ablation.py)
+    sla_urgency_fraction: float = 1.0
+
+    @property
+    def label(self) -> str:
+        """The policy, marked when SLA admission is on: how reports tell runs apart."""
+        return f"{self.policy}+sla" if self.admission.sla_admission else self.policy
 
 
 def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
@@ -58,6 +74,7 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
     )
     clock = ManualClock()
     ex = SimExecutor(cost, clock, cfg.block_size)
+    policy = PolicyConfig(name=cfg.policy)
     engine = EngineCore.build(
         ex,
         clock,
@@ -69,7 +86,9 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
             preemption_mode=cfg.preemption_mode,
             p0_express=cfg.p0_express,
         ),
-        PolicyConfig(name=cfg.policy),
+        replace(policy_for_sla_admission(policy), sla_urgency_fraction=cfg.sla_urgency_fraction)
+        if cfg.admission.sla_admission
+        else policy,
         cfg.priorities,
     )
     return engine, ex, cost
@@ -93,12 +112,22 @@ def _kv_series(result: DriveResult, points: int) -> list[dict]:
     ]
 
 
-def run_simulation(cfg: SimConfig, progress=None) -> dict:
+def run_simulation(cfg: SimConfig, progress=None, keep_records: bool = False) -> dict:
+    """Run `cfg` and summarise it; `keep_records` adds every request's record (in-process use,
+    not JSON)."""
     t0 = time.perf_counter()
     engine, ex, cost = build(cfg)
     wl = Workload(cfg.workload)
-    admission = AdmissionController(cfg.admission, engine.scheduler, engine.clock, cfg.priorities)
-    result = drive(engine, wl, admission, engine.clock.set, progress)
+    adm = cfg.admission
+    admission = AdmissionController(adm, CoreQueueView(engine), engine.clock, cfg.priorities)
+    sla = SlaClients(
+        frozenset(cfg.demote_tenants),
+        frozenset(cfg.end_early_tenants),
+        LateRequestCheck(cfg.priorities, adm.sla_margin, adm.sla_recheck_s)
+        if adm.sla_admission
+        else None,
+    )
+    result = drive(engine, wl, admission, engine.clock.set, progress, cfg.max_retries, sla)
     w = cfg.workload
     lo, hi = w.warmup_s, w.duration_s
     out = run_stats(result, lo, hi, cfg.priorities)
@@ -108,6 +137,9 @@ def run_simulation(cfg: SimConfig, progress=None) -> dict:
     sched = engine.scheduler
     out.update(
         policy=cfg.policy,
+        variant=cfg.label,
+        sla_admission=adm.sla_admission,
+        sla_margin=adm.sla_margin if adm.sla_admission else None,
         concurrency=w.concurrency if w.arrival == "closed" else None,
         arrival=w.arrival,
         rate=w.rate if w.arrival != "closed" else None,
@@ -136,7 +168,12 @@ def run_simulation(cfg: SimConfig, progress=None) -> dict:
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "preemption_mode": cfg.preemption_mode,
             "p0_express": cfg.p0_express,
+            "max_retries": cfg.max_retries,
+            "demote_tenants": list(cfg.demote_tenants),
+            "end_early_tenants": list(cfg.end_early_tenants),
         },
     )
     sched.check_invariants()
+    if keep_records:
+        out["records"] = result.records
     return out

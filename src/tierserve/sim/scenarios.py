@@ -72,12 +72,29 @@ def fleet_configs(
     ]
 
 
-def seed_table_configs(base: SimConfig = SEED_BASE) -> list[SimConfig]:
+def with_sla_admission(base: SimConfig, on: bool = True, margin: float | None = None):
+    """`base` with SLA admission on (or off), at `margin` (default: AdmissionConfig's)."""
+    adm = replace(base.admission, sla_admission=on)
+    return replace(base, admission=adm if margin is None else replace(adm, sla_margin=margin))
+
+
+def seed_table_configs(base: SimConfig = SEED_BASE, policies=SEED_POLICIES) -> list[SimConfig]:
     return [
         replace(base, policy=p, workload=replace(base.workload, concurrency=c))
         for c in SEED_CONCURRENCY
-        for p in SEED_POLICIES
+        for p in policies
     ]
+
+
+# The seed grid with SLA admission off (fcfs, drr, hybrid: the seed table) and on (fcfs+sla,
+# hybrid+sla), side by side. Refused clients retry after their Retry-After, at most 3 times.
+SLA_POLICIES = ("fcfs", "hybrid")
+
+
+def seed_table_sla_configs(margin: float | None = None) -> list[SimConfig]:
+    on = with_sla_admission(SEED_BASE, True, margin)
+    off = seed_table_configs(SEED_BASE)
+    return off + seed_table_configs(on, SLA_POLICIES)
 
 
 def grid_configs(base: SimConfig, policies, concurrencies) -> list[SimConfig]:

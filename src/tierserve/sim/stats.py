@@ -1,11 +1,22 @@
 """Per-class and total figures of one run, measured over requests that arrived in the
-measurement window [warmup, duration)."""
+measurement window [warmup, duration).
+
+A record is one attempt: a refused client's retry is a record of its own (`attempt` > 0). So
+`requests` counts arrivals (retries included), `refused` the attempts refused, `retries` the
+attempts that were retries. `sla_attainment` is over *admitted* requests only (served in their
+own class: not refused, not demoted): the share whose first token came within the class's SLA
+(a request ended early by the SLA re-check counts as a miss); `sla_attainment_all` counts every
+attempt that ended, refusals as misses. `goodput_requests_per_s`: admitted requests that met the
+SLA (P3, with none: completed), per second of the window.
+"""
 
 from __future__ import annotations
 
 from tierserve.config import PriorityConfig
 from tierserve.priority import Priority
-from tierserve.sim.driver import DriveResult
+from tierserve.sim.driver import DriveResult, RequestRecord
+
+GOODPUT_CLASSES = (Priority.P0, Priority.P1, Priority.P2)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -17,24 +28,36 @@ def percentile(values: list[float], q: float) -> float | None:
     return v[k]
 
 
+def _met(r: RequestRecord, sla: float | None) -> bool:
+    if r.first_token is None or r.outcome in ("rejected", "ended_early") or r.demoted:
+        return False
+    return sla is None or r.first_token - r.arrival <= sla
+
+
 def class_stats(result: DriveResult, prio: Priority, lo: float, hi: float, sla: float | None):
     recs = [r for r in result.records if r.priority == prio and lo <= r.arrival < hi]
     done = [r for r in recs if r.outcome == "completed"]
-    ttft = [r.first_token - r.arrival for r in recs if r.first_token is not None]
+    own = [r for r in recs if not r.demoted]  # served in their own class
+    ttft = [r.first_token - r.arrival for r in own if r.first_token is not None]
     e2e = [r.finish - r.arrival for r in done]
     tpot = [(r.finish - r.first_token) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     counted = [r for r in recs if r.outcome != "pending"]
-    met = sum(
-        1
-        for r in counted
-        if r.first_token is not None
-        and (sla is None or r.first_token - r.arrival <= sla)
-        and r.outcome != "rejected"
-    )
+    admitted = [r for r in counted if r.outcome != "rejected" and not r.demoted]
+    met = sum(1 for r in admitted if _met(r, sla))
+    err = [
+        abs(r.first_token - r.arrival - r.predicted_ttft)
+        for r in own
+        if r.first_token is not None and r.predicted_ttft is not None
+    ]
+    refused = sum(1 for r in recs if r.outcome == "rejected")
     return {
         "requests": len(recs),
         "completed": len(done),
-        "rejected": sum(1 for r in recs if r.outcome == "rejected"),
+        "rejected": refused,
+        "refused": refused,
+        "retries": sum(1 for r in recs if r.attempt > 0),
+        "demoted": sum(1 for r in recs if r.demoted),
+        "ended_early": sum(1 for r in recs if r.outcome == "ended_early"),
         "failed": sum(1 for r in recs if r.outcome == "failed"),
         "unfinished": sum(1 for r in recs if r.outcome == "pending"),
         "ttft_p50_s": percentile(ttft, 50),
@@ -45,7 +68,11 @@ def class_stats(result: DriveResult, prio: Priority, lo: float, hi: float, sla: 
         "e2e_p50_s": percentile(e2e, 50),
         "e2e_p95_s": percentile(e2e, 95),
         "sla_s": sla,
-        "sla_attainment": (met / len(counted)) if counted else None,
+        "sla_attainment": (met / len(admitted)) if admitted else None,
+        "sla_attainment_all": (met / len(counted)) if counted else None,
+        "goodput_requests_per_s": met / (hi - lo),
+        "ttft_prediction_abs_error_p50_s": percentile(err, 50),
+        "ttft_prediction_abs_error_p90_s": percentile(err, 90),
         "preemptions": sum(r.preemptions for r in recs),
     }
 
@@ -54,12 +81,22 @@ def run_stats(result: DriveResult, lo: float, hi: float, priorities: PriorityCon
     classes = {p.label: class_stats(result, p, lo, hi, priorities.sla(p)) for p in Priority}
     window = [s for s in result.samples if lo <= s.time < hi]
     tokens = sum(s.tokens_out for s in window)
+    arrivals = sum(c["requests"] for c in classes.values())
+    retries = sum(c["retries"] for c in classes.values())
     return {
         "classes": classes,
         "throughput_tokens_per_s": tokens / (hi - lo),
         "throughput_total_tokens_per_s": sum(s.tokens_total for s in window) / (hi - lo),
+        "goodput_requests_per_s": sum(
+            classes[p.label]["goodput_requests_per_s"] for p in GOODPUT_CLASSES
+        ),
         "completed": sum(c["completed"] for c in classes.values()),
         "rejected": sum(c["rejected"] for c in classes.values()),
+        "refused": sum(c["refused"] for c in classes.values()),
+        "retries": retries,
+        "retry_share": retries / arrivals if arrivals else 0.0,
+        "demoted": sum(c["demoted"] for c in classes.values()),
+        "ended_early": sum(c["ended_early"] for c in classes.values()),
         "failed": sum(c["failed"] for c in classes.values()),
         "unfinished": sum(c["unfinished"] for c in classes.values()),
         "kv_usage_mean": (sum(s.kv_usage for s in window) / len(window)) if window else 0.0,

@@ -1,0 +1,165 @@
+"""The TTFT predictor's view of an engine, read on the thread that steps it.
+
+``measure_load`` is the one function that turns an engine's state into the predictor's ``Load``:
+the engine thread calls it for every published snapshot (the server's admission reads it there),
+and the simulator calls it directly through ``CoreQueueView``. So admission decides by the same
+numbers, computed by the same code, in the simulator and in the server.
+
+``late_requests`` is the re-check of requests already admitted: walking each class's queue in
+the policy's order, it predicts every waiting request's first token with the same predictor and
+returns those that opted in (``Request.end_if_late``) and can no longer make their class's SLA.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tierserve.admission.ttft import SLA_UNREACHABLE, Load, TenantBacklog, predict_ttft
+from tierserve.config import PriorityConfig
+from tierserve.priority import NUM_PRIORITIES, Priority
+from tierserve.request import Request
+
+if TYPE_CHECKING:
+    from tierserve.engine.core import EngineCore
+
+
+def measure_load(core: EngineCore) -> Load:
+    """The predictor's inputs, from the engine's live state. O(running + waiting)."""
+    s, meter, order = core.scheduler, core.load_meter, core.service_order
+    running = [0] * NUM_PRIORITIES
+    for r in s.running.values():
+        left = r.num_tokens - r.num_computed_tokens
+        if left > 1:  # still prefilling (a decoding request has one token to compute)
+            running[r.base_priority] += left
+    # Waiting work by the class it waits in now (aging may have promoted it there: it waits
+    # behind that class's own), and by tenant when tenants share a class. O(waiting).
+    waiting, promoted = [0] * NUM_PRIORITIES, [0] * NUM_PRIORITIES
+    by_tenant: list[dict[str, list[int]]] = [{} for _ in range(NUM_PRIORITIES)]
+    for r in s.policy.requests():
+        c, n = r.priority, r.num_tokens
+        waiting[c] += n
+        mine_own = n if r.base_priority == c else 0
+        promoted[c] += n - mine_own
+        if order.tenant_fair:
+            t = by_tenant[c].setdefault(r.tenant, [0, 0])
+            t[0] += mine_own
+            t[1] += n
+    now = core.clock.now()
+    return Load(
+        waiting_tokens=tuple(waiting),
+        promoted_tokens=tuple(promoted),
+        tenants=tuple(_tenants(core, Priority(c), t, now) for c, t in enumerate(by_tenant)),
+        running_prefill=tuple(running),
+        arrival_rate=meter.arrival_rates(now),
+        prefill_rate=meter.prefill_rate,
+        step_s=meter.step_s,
+        order=order,
+        class_tags=s.policy.class_tags(),
+    )
+
+
+def _tenants(
+    core: EngineCore, c: Priority, waiting: dict[str, list[int]], now: float
+) -> tuple[TenantBacklog, ...]:
+    """The backlogged tenants of class `c`, and the idle ones whose counter is above the lowest
+    backlogged one (a tenant that starts waiting keeps such a counter: it is not lifted)."""
+    if not waiting:
+        return ()
+    counters = core.scheduler.policy.tenant_counters(c)
+    floor = min(counters.get(t, 0.0) for t in waiting)
+    names = set(waiting) | {t for t, v in counters.items() if v > floor}
+    meter = core.load_meter
+    return tuple(
+        TenantBacklog(
+            t, *waiting.get(t, (0, 0)), meter.tenant_rate(c, t, now), counters.get(t, 0.0)
+        )
+        for t in sorted(names)
+    )
+
+
+class CoreQueueView:
+    """Admission's ``QueueView`` read straight from an engine, for a single-threaded driver
+    (the simulator). The server's is ``AsyncEngine``, which reads the published snapshot."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self.scheduler = core.scheduler
+
+    def queue_depth(self, priority: Priority) -> int:
+        return self.scheduler.queue_depth(priority)
+
+    def queued_tokens(self, priority: Priority) -> int:
+        return self.scheduler.queued_tokens(priority)
+
+    def can_shed(self, below: Priority) -> bool:
+        return self.scheduler.can_shed(below)
+
+    def dequeued(self, priority: Priority) -> tuple[int, int]:
+        return self.scheduler.dequeued(priority)
+
+    def load(self) -> Load:
+        return measure_load(self.core)
+
+
+def late_requests(
+    core: EngineCore, priorities: PriorityConfig, margin: float
+) -> list[tuple[Request, float]]:
+    """Waiting requests that opted in to being ended early and are now predicted to miss their
+    class's TTFT SLA (by more than `margin` x SLA when the margin exceeds 1), with how late each
+    is predicted to be (seconds). O(waiting log waiting); nothing is computed while no waiting
+    request has opted in."""
+    policy = core.scheduler.policy
+    waiting = policy.requests()
+    if not any(r.end_if_late for r in waiting):
+        return []
+    load = measure_load(core)
+    now = core.clock.now()
+    order = load.order
+    # The queues whose order decides who is ahead: per class (and tenant, when tenants share a
+    # class), or one in all for a class-blind policy.
+    groups: dict[tuple, list[Request]] = {}
+    for r in waiting:
+        key = (int(r.priority), r.tenant if order.tenant_fair else None)
+        groups.setdefault(key if order.class_aware else (), []).append(r)
+    late = []
+    for group in groups.values():
+        group.sort(key=policy.queue_key)
+        ahead = 0
+        for r in group:
+            sla = priorities.sla(r.base_priority)
+            if r.end_if_late and sla is not None:
+                t = predict_ttft(load, r.priority, r.num_tokens, ahead, r.tenant)
+                due = r.arrival_time + sla * max(1.0, margin)
+                if t is not None and now + t > due:
+                    late.append((r, now + t - due))
+            ahead += r.num_tokens
+    return late
+
+
+def late_message(request: Request, sla: float, late_s: float) -> str:
+    p = request.base_priority
+    return (
+        f"{SLA_UNREACHABLE}: the {p.tier} ({p.label}) TTFT SLA of {sla:g} s can no longer be "
+        f"met (first token predicted {late_s:.1f} s late); the request was ended early, "
+        "retry later"
+    )
+
+
+class LateRequestCheck:
+    """``late_requests`` paced to at most once every `every_s` seconds of engine time, with the
+    message each late request is ended with. Used by the server's engine thread and by the
+    simulator's driver alike."""
+
+    def __init__(self, priorities: PriorityConfig, margin: float, every_s: float = 0.5) -> None:
+        self.priorities, self.margin, self.every_s = priorities, margin, every_s
+        self._next = -float("inf")
+
+    def poll(self, core: EngineCore) -> list[tuple[Request, float, str]]:
+        now = core.clock.now()
+        if now < self._next:
+            return []
+        self._next = now + self.every_s
+        late = late_requests(core, self.priorities, self.margin)
+        return [
+            (r, s, late_message(r, self.priorities.sla(r.base_priority) or 0.0, s)) for r, s in late
+        ]
