@@ -1,5 +1,7 @@
 """Exact scheduler scenarios on tiny pools, with the KV-simulating fake executor."""
 
+from dataclasses import replace
+
 import pytest
 
 from tests.helpers import make_request
@@ -360,3 +362,36 @@ def test_aging_never_promotes_a_request_into_a_class_that_cannot_hold_it():
         step(eng, clock, dt=1.0)  # the hog runs ~40 s: past P1's 30 s aging threshold
     assert big.status == S.FINISHED and big.priority == P1
     assert hog.status == S.FINISHED
+
+
+def test_a_waiting_p0_prompt_is_not_split_by_decodes_ranked_after_a_capped_prefill():
+    """A lower-class prefill chunk leaves budget for the P0 tokens waiting; the decodes of
+    requests ranked after that chunk must not eat into it (found by the SLA work: the P0 prompt
+    was split and took an extra step)."""
+    eng, clock = engine(num_blocks=256, block_size=4, budget=64, seqs=16)
+    cfg = eng.scheduler.config
+    eng.scheduler.config = replace(cfg, long_prefill_threshold=100, long_prefill_max_tokens=32)
+    long = make_request(400, P3, max_tokens=4)  # prefilled 32 tokens a step
+    eng.add_request(long)
+    step(eng, clock)
+    decoders = [make_request(4, P3, max_tokens=50) for _ in range(4)]
+    for r in decoders:
+        eng.add_request(r)
+    step(eng, clock)
+    step(eng, clock)
+    assert all(r.num_output_tokens >= 1 for r in decoders)
+    assert long.num_computed_tokens < long.num_prompt_tokens  # still prefilling
+    p0 = make_request(40, P0, max_tokens=2)
+    eng.add_request(p0)
+    out = {}
+    real = eng.scheduler.schedule
+
+    def spy():
+        o = real()
+        out.update(o.num_scheduled_tokens)
+        return o
+
+    eng.scheduler.schedule = spy
+    step(eng, clock)
+    assert out[p0.request_id] == 40  # the whole prompt in one step
+    assert all(out[r.request_id] == 1 for r in decoders)

@@ -9,8 +9,10 @@ configured), never from constants in the scheduler.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+
+from tierserve.priority import NUM_PRIORITIES
 
 
 class PreemptionMode(StrEnum):
@@ -42,3 +44,14 @@ def choose_mode(
     if costs.swap_seconds(num_blocks) < ratio * costs.recompute_seconds(num_tokens):
         return PreemptionMode.SWAP
     return PreemptionMode.RECOMPUTE
+
+
+@dataclass
+class PreemptionCounts:
+    """Preemptions since the start, kept by the scheduler for stats."""
+
+    swap: int = 0
+    recompute: int = 0
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
+    by_victim_class: list[int] = field(default_factory=lambda: [0] * NUM_PRIORITIES)

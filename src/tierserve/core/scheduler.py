@@ -21,7 +21,6 @@ at the head of its class.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 from tierserve.clock import Clock
 from tierserve.config import SchedulerConfig
@@ -30,7 +29,12 @@ from tierserve.core.kv import KVCacheManager
 from tierserve.core.kv.manager import NO_HITS, ComputedBlocks
 from tierserve.core.limits import RequestLimits
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
-from tierserve.core.preemption import PreemptionCosts, PreemptionMode, choose_mode
+from tierserve.core.preemption import (
+    PreemptionCosts,
+    PreemptionCounts,
+    PreemptionMode,
+    choose_mode,
+)
 from tierserve.core.step_state import StepPlan
 from tierserve.core.stopping import check_stop
 from tierserve.policies import Policy, SchedulerState, VictimCandidate
@@ -39,15 +43,6 @@ from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import FinishReason, Request, RequestStatus
 
 S = RequestStatus
-
-
-@dataclass
-class PreemptionCounts:
-    swap: int = 0
-    recompute: int = 0
-    swapped_out_blocks: int = 0
-    swapped_in_blocks: int = 0
-    by_victim_class: list[int] = field(default_factory=lambda: [0] * NUM_PRIORITIES)
 
 
 class Scheduler:
@@ -186,9 +181,13 @@ class Scheduler:
         # A running request's prefill chunk leaves budget for the tokens waiting in classes the
         # policy serves strictly before it (P0 under hybrid; every more urgent class under
         # strict), so such a request is not stuck behind a long lower-class prompt admitted
-        # earlier. Decodes (one token) are never held back.
+        # earlier. Decodes (one token) are never held back, so a chunk also leaves room for the
+        # decodes ranked after it.
         ahead = self._strict_ahead()
-        for req in sorted(self.running.values(), key=self.policy.rank):
+        ranked = sorted(self.running.values(), key=self.policy.rank)
+        decodes_left = sum(1 for r in ranked if r.num_tokens - r.num_computed_tokens == 1)
+        for req in ranked:
+            decodes_left -= req.num_tokens - req.num_computed_tokens == 1
             if req.request_id not in self.running or plan.budget <= 0:
                 continue
             lower = req.priority != Priority.P0
@@ -198,7 +197,7 @@ class Scheduler:
             if express == "decode" and lower and n > 1:
                 continue  # lower classes decode, their prefill chunks wait for a normal step
             if n > 1 and ahead[req.priority]:
-                n = min(n, max(1, plan.budget - ahead[req.priority]))
+                n = min(n, max(1, plan.budget - ahead[req.priority] - decodes_left))
             if n == 0:
                 continue
             while req.request_id in self.running:
