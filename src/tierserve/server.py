@@ -56,6 +56,7 @@ def build_state(
     sched = core.scheduler
     metrics = Metrics(args.priorities, settings.served_model_names[0])
     engine = AsyncEngine(core, built.tokenizer)
+    engine.publish_load = args.admission.sla_admission  # only SLA admission reads it
     # Admission runs on the event loop and reads the engine only through its snapshot.
     admission = AdmissionController(args.admission, engine.view, core.clock, args.priorities)
     for t in tenants.tenants.values():

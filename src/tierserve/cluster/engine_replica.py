@@ -66,6 +66,7 @@ class EngineReplica:
         self.metrics = Metrics(args.priorities)
         self.window = ClassWindow(args.priorities.ttft_sla_s)  # engine thread only
         self.engine = AsyncEngine(core, built.tokenizer)
+        self.engine.publish_load = False  # no SLA admission behind a cluster ingress (yet)
         self._last_stats = 0.0  # engine thread only
         self._make_report(self.engine.snapshot)
         self.engine.set_observers(self._on_event, self._on_step, self._on_snapshot)

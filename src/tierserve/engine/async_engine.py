@@ -83,8 +83,10 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tierserve-engine", daemon=True)
         self.set_observers(on_event, on_step, on_snapshot, on_tokens)
-        # Set before start: the SLA re-check of waiting requests, run on the engine thread.
+        # Set before start: the SLA re-check of waiting requests, run on the engine thread, and
+        # whether snapshots carry the TTFT predictor's load (O(waiting) each: SLA admission).
         self.recheck: LateRequestCheck | None = None
+        self.publish_load = True
         self.heartbeat = time.monotonic()
         self.error: BaseException | None = None
         # Hand-over between submit() and a crashing engine thread: a request is either queued
@@ -244,7 +246,12 @@ class AsyncEngine:
     def _publish(self) -> None:
         self._seq += 1
         snap = take_snapshot(
-            self.core, self._seq, tuple(self._intake), tuple(self._intake_tokens), self._sheds
+            self.core,
+            self._seq,
+            tuple(self._intake),
+            tuple(self._intake_tokens),
+            self._sheds,
+            with_load=self.publish_load,
         )
         self.snapshot = snap  # one reference swap: readers see the old or the new, whole
         self._on_snapshot(snap)

@@ -52,9 +52,11 @@ def take_snapshot(
     intake: tuple[int, ...] = (0,) * NUM_PRIORITIES,
     intake_tokens: tuple[int, ...] = (0,) * NUM_PRIORITIES,
     sheds: int = 0,
+    with_load: bool = True,
 ) -> EngineSnapshot:
     """Read the engine's state into plain immutable data. Call on the thread that steps the
-    engine (or before it starts). O(running + classes)."""
+    engine (or before it starts). O(running + classes), plus O(waiting) `with_load` (the TTFT
+    predictor's inputs, needed only by SLA admission)."""
     s = core.scheduler
     running = [0] * NUM_PRIORITIES
     for r in s.running.values():
@@ -74,5 +76,5 @@ def take_snapshot(
         intake_tokens=tuple(intake_tokens),
         sheds=sheds,
         kv=s.kv.stats(),
-        load=measure_load(core),
+        load=measure_load(core) if with_load else Load(),
     )
