@@ -36,6 +36,7 @@ wait_ready() {  # url timeout_s
     sleep 2; t=$((t + 2))
     [ $t -ge "$2" ] && { echo "not ready after $2 s: $1" >&2; return 1; }
   done
+  return 0  # an until loop returns its body's last status: the failed timeout test
 }
 SERVER_PID=
 stop_server() {

@@ -25,7 +25,7 @@ from tierserve.chat.prompt import ChatPrompter
 from tierserve.chat.template import load_chat_template
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.async_engine import AsyncEngine
-from tierserve.engine.builder import BuiltEngine, build_engine
+from tierserve.engine.builder import BuiltEngine, build_engine_off_main
 from tierserve.engine.load import LateRequestCheck
 from tierserve.memory import fix_mmap_threshold
 from tierserve.metrics import Metrics
@@ -51,7 +51,7 @@ def build_state(
     tenants: TenantRegistry | None = None,
 ) -> ServerState:
     tenants = tenant_registry(settings) if tenants is None else tenants
-    built = built or build_engine(args)
+    built = built or build_engine_off_main(args)  # the engine thread's team stays alone
     core = built.engine
     sched = core.scheduler
     metrics = Metrics(args.priorities, settings.served_model_names[0])

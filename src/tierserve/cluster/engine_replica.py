@@ -34,7 +34,7 @@ from tierserve.cluster.fleet import ReplicaLoad
 from tierserve.cluster.signals import ClassSignals, ClassWindow
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.async_engine import AsyncEngine, EngineDeadError, StreamDelta
-from tierserve.engine.builder import build_engine
+from tierserve.engine.builder import build_engine_off_main
 from tierserve.engine.snapshot import EngineSnapshot
 from tierserve.metrics import Metrics
 from tierserve.request import Request
@@ -61,7 +61,7 @@ class EngineReplica:
 
         torch.set_num_threads(max(1, threads))
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.built = built = build_engine(args)
+        self.built = built = build_engine_off_main(args)  # see its docstring
         core = built.engine
         self.metrics = Metrics(args.priorities)
         self.window = ClassWindow(args.priorities.ttft_sla_s)  # engine thread only

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -75,3 +76,30 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
     )
     name = args.model or "SmolLM2-135M-Instruct"
     return BuiltEngine(engine, loaded.tokenizer, loaded.config, name, executor, args)
+
+
+def build_engine_off_main(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
+    """`build_engine` on a short-lived thread, for an engine that will step on its own thread.
+
+    libgomp spins between parallel regions only while the threads it manages (every team's
+    workers plus the first thread) are no more than the CPUs; past that it throttles to ~100
+    spins, and every region of a decode step pays a futex wake-up. Loading the model runs
+    parallel regions, so loading on the main thread leaves a team there for the process's life,
+    and the engine thread's own team then pushes the count past two CPUs: on 2 cores a decode
+    step took 24 ms instead of 19 ms (issue 13, docs/performance.md). A thread's team goes away
+    with the thread, so loading here keeps the engine thread's team the only one.
+    """
+    box: dict[str, BuiltEngine | BaseException] = {}
+
+    def build() -> None:
+        try:
+            box["built"] = build_engine(args, clock)
+        except BaseException as exc:  # re-raised on the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=build, name="tierserve-build")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["built"]  # type: ignore[return-value]

@@ -106,6 +106,39 @@ void run(const float* a, int64_t lda, const float* w, int64_t M, int64_t K, int6
   }
 }
 
+// One row (M = 1): bound by streaming the weights. Each thread takes one contiguous slice of
+// the columns and walks it in tiles as wide as the registers allow (up to 16 vectors, 1 KB of a
+// weight row with AVX-512), so every k step reads long runs of consecutive cache lines instead
+// of the 2-line pieces of the narrow tiles. Outputs are still summed in k order by one FMA chain
+// each, as in `tile`, so a row gets the same result at every batch size.
+template <int MR, int NV>
+void wide_part(const float* a, int64_t lda, const float* w, int64_t N, int64_t K, int64_t v0,
+               int64_t v1, float* c, const float* bias, bool accumulate) {
+  for (; v0 + NV <= v1; v0 += NV) {
+    const int64_t n0 = v0 * VL;
+    tile<MR, NV>(a, lda, w + n0, N, K, c + n0, N, bias ? bias + n0 : nullptr, accumulate);
+  }
+  if constexpr (NV > 1) wide_part<MR, NV / 2>(a, lda, w, N, K, v0, v1, c, bias, accumulate);
+}
+
+template <int MR>
+void run_wide(const float* a, int64_t lda, const float* w, int64_t K, int64_t N, float* c,
+              const float* bias, bool accumulate) {
+  constexpr int kWide = (VL >= 16 ? 16 : 8) / MR;  // MR x kWide accumulators fit the registers
+  const int64_t vectors = N / VL;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), vectors));
+  at::parallel_for(0, parts + 1, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      if (p == parts) {
+        if (vectors * VL < N) tail(a, lda, w, N, MR, K, vectors * VL, N, c, N, bias, accumulate);
+        continue;
+      }
+      wide_part<MR, kWide>(a, lda, w, N, K, vectors * p / parts, vectors * (p + 1) / parts, c,
+                           bias, accumulate);
+    }
+  });
+}
+
 }  // namespace
 
 int64_t vector_lanes() { return VL; }
@@ -130,9 +163,13 @@ void linear_into(const at::Tensor& a, const at::Tensor& w_t, const c10::optional
     b = bias->data_ptr<float>();
   }
   if (M == 0) return;
-  // Few rows are bound by weight bandwidth: narrow tiles spread N evenly over the threads.
-  // More rows are bound by FMAs: wide tiles reuse each broadcast row element more.
-  if (M <= 2)
+  // One row streams the weights: a column slice per thread, in wide tiles (measured: 17.1 ->
+  // 15.6 ms for one row through every weight of SmolLM2). Two rows: narrow tiles spread N evenly
+  // over the threads. More rows are bound by FMAs: wide tiles reuse each broadcast element more.
+  if (M == 1) {
+    run_wide<1>(a.data_ptr<float>(), a.stride(0), w_t.data_ptr<float>(), K, N,
+                out.data_ptr<float>(), b, accumulate);
+  } else if (M <= 2)
     run<(VL >= 16 ? 2 : 4)>(a.data_ptr<float>(), a.stride(0), w_t.data_ptr<float>(), M, K, N,
                             out.data_ptr<float>(), b, accumulate);
   else
