@@ -96,3 +96,19 @@ def test_chat_template_from_the_flag_or_the_config_file(tmp_path):
     cfg.write_text(f"chat_template: {template}\n")
     _, settings = parse("--config", str(cfg))
     assert settings.chat_template == str(template)
+
+
+def test_mmap_threshold_is_opt_in_and_checked(monkeypatch):
+    from tierserve import server
+
+    calls = []
+    monkeypatch.setattr(server, "fix_mmap_threshold", lambda n: calls.append(n) or True)
+    monkeypatch.delenv("TIERSERVE_MMAP_THRESHOLD_MIB", raising=False)
+    server._memory_settings()
+    assert calls == []  # glibc's defaults unless asked
+    monkeypatch.setenv("TIERSERVE_MMAP_THRESHOLD_MIB", "4")
+    server._memory_settings()
+    assert calls == [4 << 20]
+    monkeypatch.setenv("TIERSERVE_MMAP_THRESHOLD_MIB", "4MiB")
+    with pytest.raises(SystemExit, match="TIERSERVE_MMAP_THRESHOLD_MIB must be an integer"):
+        server._memory_settings()

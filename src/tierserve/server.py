@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import signal
 
 import uvicorn
@@ -117,13 +118,28 @@ class _Server(uvicorn.Server):
                 self.requests_cut = task.result()
 
 
+def _memory_settings() -> None:
+    """$TIERSERVE_MMAP_THRESHOLD_MIB fixes glibc's mmap threshold (tierserve.memory): ~100 MiB
+    less peak RSS, at ~25% of prefill speed on this VM's page faults (docs/performance.md), so
+    it is opt-in."""
+    raw = os.environ.get("TIERSERVE_MMAP_THRESHOLD_MIB", "").strip()
+    if not raw:
+        return
+    try:
+        mib = int(raw)
+    except ValueError:
+        msg = f"TIERSERVE_MMAP_THRESHOLD_MIB must be an integer (MiB), got {raw!r}"
+        raise SystemExit(msg) from None
+    if fix_mmap_threshold(mib << 20):
+        log.info("glibc mmap threshold fixed at %d MiB", mib)
+
+
 def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | None = None) -> int:
     """Run until SIGTERM/SIGINT; return the exit status (0, or EXIT_REQUESTS_CUT)."""
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
-    if fix_mmap_threshold():
-        log.debug("glibc mmap threshold fixed at 4 MiB")
+    _memory_settings()
     state = build_state(args, settings, tenants=tenants)
     mode = state.tenants.mode
     if settings.tenants_file and settings.api_key:
