@@ -176,7 +176,7 @@ def test_logit_bias_min_tokens_stop_token_ids_and_skip_special_tokens(served):
 
 
 def test_penalties_discourage_repetition(served):
-    client, state = served
+    client, _state = served
     prompt = "Write the word cat again and again: cat cat cat cat"
 
     def tokens(**kw):
@@ -234,10 +234,12 @@ def test_response_format_json_schema_output_validates(client):
         assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
         jsonschema.validate(json.loads(r.choices[0].message.content), schema)
     chunks = client.chat.completions.create(
-        model=MODEL, messages=ask("A person as JSON."), max_tokens=120, temperature=0,
-        response_format={"type": "json_object"}, stream=True,
+        model=MODEL, messages=ask("Give the name and age of a person as a JSON object."),
+        max_tokens=120, temperature=0, response_format={"type": "json_object"}, stream=True,
     )  # fmt: skip
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    chunks = [c for c in chunks if c.choices]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "stop", text
     assert isinstance(json.loads(text), dict)
 
 
@@ -249,33 +251,40 @@ def _check_calls(calls, names):
         jsonschema.validate(json.loads(c.function.arguments), schemas[c.function.name])
 
 
-@pytest.mark.parametrize("template", [None, "hermes_tools.jinja"])
-def test_forced_tool_calls_are_parsed_into_tool_calls(built, template):
-    settings = ServerSettings(chat_template=str(FIXTURES / template) if template else None)
-    with running_server(built, settings) as (url, _):
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-        msg = ask("What is the weather in Paris?")
-        r = client.chat.completions.create(
-            model=MODEL, messages=msg, tools=TOOLS, tool_choice="required", max_tokens=120,
-            temperature=0,
-        )  # fmt: skip
-        choice = r.choices[0]
-        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+@pytest.fixture(scope="module")
+def hermes_client():
+    """A second server, on its own engine (two servers must not share one), that renders chats
+    with a Hermes-style template: tool calls are `<tool_call>` blocks."""
+    settings = ServerSettings(chat_template=str(FIXTURES / "hermes_tools.jinja"))
+    with running_server(build_engine(small_engine_args()), settings) as (url, _):
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+
+
+@pytest.mark.parametrize("template", ["model", "hermes"])
+def test_forced_tool_calls_are_parsed_into_tool_calls(request, template):
+    client = request.getfixturevalue("client" if template == "model" else "hermes_client")
+    msg = ask("What is the weather in Paris?")
+    r = client.chat.completions.create(
+        model=MODEL, messages=msg, tools=TOOLS, tool_choice="required", max_tokens=120,
+        temperature=0,
+    )  # fmt: skip
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    _check_calls(choice.message.tool_calls, {"get_weather", "get_time"})
+    named = {"type": "function", "function": {"name": "get_time"}}
+    r = client.chat.completions.create(
+        model=MODEL, messages=msg, tools=TOOLS, tool_choice=named, max_tokens=120,
+        temperature=0.7, seed=1,
+    )  # fmt: skip
+    calls = r.choices[0].message.tool_calls
+    assert len(calls) == 1
+    _check_calls(calls, {"get_time"})
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    r = client.chat.completions.create(
+        model=MODEL, messages=msg, tools=strict, max_tokens=120, temperature=0
+    )
+    choice = r.choices[0]
+    if choice.message.tool_calls:  # auto: text or calls, strict calls follow their schema
         _check_calls(choice.message.tool_calls, {"get_weather", "get_time"})
-        named = {"type": "function", "function": {"name": "get_time"}}
-        r = client.chat.completions.create(
-            model=MODEL, messages=msg, tools=TOOLS, tool_choice=named, max_tokens=120,
-            temperature=0.7, seed=1,
-        )  # fmt: skip
-        calls = r.choices[0].message.tool_calls
-        assert len(calls) == 1
-        _check_calls(calls, {"get_time"})
-        strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
-        r = client.chat.completions.create(
-            model=MODEL, messages=msg, tools=strict, max_tokens=120, temperature=0
-        )
-        choice = r.choices[0]
-        if choice.message.tool_calls:  # auto: text or calls, strict calls follow their schema
-            _check_calls(choice.message.tool_calls, {"get_weather", "get_time"})
-        else:
-            assert choice.message.content
+    else:
+        assert choice.message.content
