@@ -149,9 +149,9 @@ def test_pending_features_are_refused_by_name_and_implemented_ones_served(client
             "objekt",
         ),
         ("chat", {"response_format": {"type": "json_object"}, "extra_body": {"ignore_eos": True}},
-         None, "ignore_eos"),
+         "ignore_eos", "ignore_eos"),
         ("chat", {"response_format": {"type": "json_object"}, "extra_body": {"min_tokens": 2}},
-         None, "min_tokens"),
+         "min_tokens", "min_tokens"),
     ],
 )  # fmt: skip
 def test_sampling_fields_that_cannot_be_served_are_a_400_naming_them(

@@ -66,8 +66,10 @@ def sampling_params(
             skip_special_tokens=body.skip_special_tokens,
             grammar=grammar,
         )
-    except ValueError as exc:
-        raise APIError(400, str(exc)) from None
+    except ValueError as exc:  # each message starts with the field it is about
+        msg = str(exc)
+        name = msg.split(" ", 1)[0].rstrip(":")
+        raise APIError(400, msg, param=name if name in type(body).model_fields else None) from None
 
 
 def _response_format(body) -> GrammarSpec | None:

@@ -29,12 +29,7 @@ from tierserve.core.kv import KVCacheManager
 from tierserve.core.kv.manager import NO_HITS, ComputedBlocks
 from tierserve.core.limits import RequestLimits
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
-from tierserve.core.preemption import (
-    PreemptionCosts,
-    PreemptionCounts,
-    PreemptionMode,
-    choose_mode,
-)
+from tierserve.core.preemption import PreemptionCosts, PreemptionCounts, PreemptionMode, choose_mode
 from tierserve.core.step_state import StepPlan
 from tierserve.core.stopping import take_output
 from tierserve.policies import Policy, SchedulerState, VictimCandidate

@@ -173,19 +173,20 @@ class Sampler:
 
     def _draw(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         """Greedy rows: the argmax; the others: filtered, then the Gumbel-max draw."""
-        out = torch.argmax(logits, dim=-1)
         sampled = [j for j, r in enumerate(rows) if r.params.temperature != 0.0]
         if not sampled:
-            return out
+            return torch.argmax(logits, dim=-1)
         srows = [rows[j] for j in sampled]
-        sub = logits if len(sampled) == len(rows) else logits[sampled]
+        every = len(sampled) == len(rows)
+        sub = logits if every else logits[sampled]
         filtered = filter_logits(sub, [r.params for r in srows])
         keys = self._keys(srows)
         if self.kernels is not None and filtered.device.type == "cpu":
             drawn = self.kernels.gumbel_argmax(filtered, keys)
         else:
             drawn = gumbel_argmax(filtered, keys)
-        if len(sampled) == len(rows):
+        if every:
             return drawn
+        out = torch.argmax(logits, dim=-1)
         out[torch.tensor(sampled, device=logits.device)] = drawn
         return out
