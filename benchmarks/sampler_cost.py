@@ -37,9 +37,13 @@ SPECIAL = {
         temperature=0.0, max_tokens=64, grammar=GrammarSpec.json_schema(LONG_ARRAY)
     ),
     "penalties": SamplingParams(
-        temperature=0.0, max_tokens=64, ignore_eos=True,
-        presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.2,
-    ),  # fmt: skip
+        temperature=0.0,
+        max_tokens=64,
+        ignore_eos=True,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        repetition_penalty=1.2,
+    ),
     "logprobs": SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True, top_logprobs=5),
 }
 
