@@ -49,16 +49,16 @@ class StreamDelta:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # with top_logprobs > 0
-    # With prompt_logprobs: prompt tokens 1, 2, ... as (logprob, top or None), once, in the
-    # first delta after the prompt is computed.
-    prompt_logprobs: list | None = None
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     retry_after_s: float | None = None  # an error the client may retry: when
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # with top_logprobs > 0
+    # With prompt_logprobs: prompt tokens 1, 2, ... as (logprob, top or None), once, in the
+    # first delta after the prompt is computed.
+    prompt_logprobs: list | None = None
 
 
 @dataclass
