@@ -66,8 +66,9 @@ def test_unknown_fields_are_a_400_naming_them(client, route, extra, field):
     assert err["param"] == field
 
 
-# One request per not-supported-yet entry, keyed (field, route). When the sampler implements a
-# feature and its entry leaves the list, its sample is skipped here (and tested with the feature).
+# One request per entry the not-supported-yet list had (keyed (field, route)). While an entry is
+# on the list, its sample is refused by name; once implemented, the same request is served (the
+# features themselves are tested on the model: test_api_sampling.py).
 SAMPLES = {
     ("presence_penalty", "chat"): {"presence_penalty": 0.5},
     ("frequency_penalty", "completions"): {"frequency_penalty": -1.0},
@@ -98,22 +99,67 @@ def test_every_pending_entry_has_a_sample_request():
 
 
 @pytest.mark.parametrize(("field", "route"), list(SAMPLES))
-def test_pending_features_are_refused_by_name(client, field, route):
-    if not _pending(field, route):
-        pytest.skip(f"{field} is implemented now")
+def test_pending_features_are_refused_by_name_and_implemented_ones_served(client, field, route):
     kw = {"max_tokens": 2, **SAMPLES[(field, route)]}
     call = chat if route == "chat" else complete
-    err = refused(lambda: call(client, **kw), f"not supported yet: {field}")
-    assert err["param"] == field
+    if _pending(field, route):
+        err = refused(lambda: call(client, **kw), f"not supported yet: {field}")
+        assert err["param"] == field
+        return
+    r = call(client, **kw)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r
 
 
-def test_named_tool_choice_is_refused_as_pending(client):
-    choice = {"type": "function", "function": {"name": "get_weather"}}
-    refused(
-        lambda: chat(client, max_tokens=2, tools=[WEATHER], tool_choice=choice),
-        "not supported yet: tool_choice",
-        "structured output",
-    )
+@pytest.mark.parametrize(
+    ("route", "kw", "param", "needle"),
+    [
+        ("completions", {"extra_body": {"stop_token_ids": [1000]}}, "stop_token_ids", "1000"),
+        ("chat", {"logit_bias": {"4000": 1}}, "logit_bias", "4000"),
+        ("chat", {"top_logprobs": 2}, "top_logprobs", "logprobs: true"),
+        (
+            "chat",
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format",
+            "json_schema.schema",
+        ),
+        (
+            "chat",
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "strin"}},
+                }
+            },
+            "response_format",
+            "strin",
+        ),
+        (
+            "chat",
+            {"response_format": {"type": "json_object"}, "tools": [WEATHER],
+             "tool_choice": "required"},
+            "response_format",
+            "cannot be combined",
+        ),
+        (
+            "chat",
+            {"tools": [{**WEATHER, "function": {**WEATHER["function"],
+                                                "parameters": {"type": "objekt"}}}],
+             "tool_choice": "required"},
+            "tools",
+            "objekt",
+        ),
+        ("chat", {"response_format": {"type": "json_object"}, "extra_body": {"ignore_eos": True}},
+         "ignore_eos", "ignore_eos"),
+        ("chat", {"response_format": {"type": "json_object"}, "extra_body": {"min_tokens": 2}},
+         "min_tokens", "min_tokens"),
+    ],
+)  # fmt: skip
+def test_sampling_fields_that_cannot_be_served_are_a_400_naming_them(
+    client, route, kw, param, needle
+):
+    call = chat if route == "chat" else complete
+    err = refused(lambda: call(client, max_tokens=2, **kw), needle)
+    assert err["param"] == param
 
 
 def test_neutral_values_are_accepted(client):

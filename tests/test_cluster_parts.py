@@ -5,6 +5,7 @@ glue (against fake replicas)."""
 
 import asyncio
 import dataclasses
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +23,7 @@ from tierserve.cluster.remote_engine import RemoteEngine
 from tierserve.cluster.signals import ClassWindow
 from tierserve.core.limits import RequestLimits
 from tierserve.engine.async_engine import StreamDelta
+from tierserve.grammar import GrammarSpec
 from tierserve.priority import Priority
 from tierserve.request import Request
 from tierserve.routing import ReplicaStats, RouteRequest
@@ -50,6 +52,18 @@ def test_payload_round_trip_rebases_times_on_the_replica_clock():
     assert r == route and avoid == {"dead"} and pin is None
 
 
+def test_every_sampling_feature_crosses_the_wire():
+    req = make_request(
+        presence_penalty=0.5, repetition_penalty=1.2, logit_bias={7: -3.0, 2: 1.5},
+        stop_token_ids=(9,), top_logprobs=3, prompt_logprobs=1,
+        skip_special_tokens=False, grammar=GrammarSpec.json_schema({"type": "object"}),
+    )  # fmt: skip
+    payload = json.loads(json.dumps(wire.request_payload(req, RouteRequest(Priority.P1, 3))))
+    back = wire.request_from_payload(payload, now=0.0).sampling_params
+    assert back == req.sampling_params
+    assert back.processed and back.uses_penalties  # derived again on the replica
+
+
 def test_the_replica_finds_its_reason_in_the_router_ranking():
     p = wire.request_payload(make_request(), RouteRequest(Priority.P0, 3))
     assert wire.chosen_reason(p, "a") == (wire.UNRANKED, -1)
@@ -61,6 +75,12 @@ def test_the_replica_finds_its_reason_in_the_router_ranking():
 def test_delta_chunks_round_trip():
     d = StreamDelta("hi", [1, 2], [-0.1, -0.2], True, "stop", None, 3, 2)
     assert wire.chunk_delta(wire.delta_chunk(d)) == d
+    lp = StreamDelta(
+        "a", [1], [-0.1], top_logprobs=[((1, 4), (-0.1, -2.5))], prompt_logprobs=[(-1.0, None)]
+    )
+    back = wire.chunk_delta(json.loads(json.dumps(wire.delta_chunk(lp))))
+    assert back.top_logprobs == [[[1, 4], [-0.1, -2.5]]]  # JSON's lists, read as pairs alike
+    assert back.prompt_logprobs == [[-1.0, None]]
 
 
 # -- fleet board ---------------------------------------------------------------------------------

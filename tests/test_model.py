@@ -1,6 +1,7 @@
 """The real model: logits against transformers, loaders, tokenizer, sampling, token identity
 across batching, chunking, preemption and the prefix cache. Uses the embedded SmolLM2 model."""
 
+import dataclasses
 import json
 
 import pytest
@@ -204,7 +205,7 @@ def test_same_seed_same_text_whatever_the_batch(llm):
     alone = llm.generate(PROMPTS[3], sp)[0].token_ids
     mixed = llm.generate([PROMPTS[3], *PROMPTS[10:20]], [sp] + [SamplingParams(max_tokens=5)] * 10)
     assert mixed[0].token_ids == alone
-    other = llm.generate(PROMPTS[3], SamplingParams(**{**sp.__dict__, "seed": 99}))[0]
+    other = llm.generate(PROMPTS[3], dataclasses.replace(sp, seed=99))[0]
     assert other.token_ids != alone
 
 
@@ -236,9 +237,10 @@ def test_sampling_filters():
     assert keep(SamplingParams(top_p=0.9)) == [0, 1]
     assert keep(SamplingParams(min_p=0.2)) == [0, 1]
     s = Sampler(CPU, seed=0)
-    toks, lps = s.sample(
+    out = s.sample(
         logits[None].repeat(50, 1), [SampleRow(SamplingParams(top_k=2), i) for i in range(50)]
     )
+    toks, lps = out.tokens, out.logprobs
     assert set(toks) <= {0, 1} and len(set(toks)) == 2
     assert all(lp < 0 for lp in lps)
 

@@ -45,7 +45,8 @@ def test_greedy_rows_are_argmax_and_logprobs_are_unfiltered(ext):
     rows = [
         SampleRow(SamplingParams(temperature=0.0 if i % 2 else 1.0, top_k=3), i) for i in range(8)
     ]
-    tokens, lps = Sampler(CPU, seed=0, kernels=ext).sample(logits, rows)
+    out = Sampler(CPU, seed=0, kernels=ext).sample(logits, rows)
+    tokens, lps = out.tokens, out.logprobs
     ref = torch.log_softmax(logits, -1)
     for i, (t, lp) in enumerate(zip(tokens, lps, strict=True)):
         if i % 2:
@@ -62,11 +63,11 @@ def test_seeded_row_draws_the_same_token_whatever_the_batch(ext):
     seeded = SamplingParams(temperature=1.0, top_p=0.95, seed=1234)
     s = Sampler(CPU, kernels=ext)
     for index in range(20):
-        alone = s.sample(logits[:1], [SampleRow(seeded, index)])[0][0]
+        alone = s.sample(logits[:1], [SampleRow(seeded, index)]).tokens[0]
         others = [SampleRow(SamplingParams(temperature=0.8), 0) for _ in range(11)]
-        mixed = s.sample(logits, [SampleRow(seeded, index), *others])[0][0]
+        mixed = s.sample(logits, [SampleRow(seeded, index), *others]).tokens[0]
         assert mixed == alone
-    draws = {s.sample(logits[:1], [SampleRow(seeded, i)])[0][0] for i in range(20)}
+    draws = {s.sample(logits[:1], [SampleRow(seeded, i)]).tokens[0] for i in range(20)}
     assert len(draws) > 5  # the output index changes the noise
 
 

@@ -5,6 +5,7 @@ import pytest
 from tests.helpers import make_request
 from tierserve.clock import ManualClock
 from tierserve.config import ConfigError, PolicyConfig, PriorityConfig, SchedulerConfig
+from tierserve.grammar import GrammarSpec
 from tierserve.priority import Priority, parse_priority
 from tierserve.request import IllegalTransition, RequestStatus
 from tierserve.sampling_params import SamplingParams
@@ -82,7 +83,14 @@ def test_request_rejects_empty_prompt():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"logit_bias": {5: 101}}, "logit_bias"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"top_logprobs": 21}, "top_logprobs"),
+        ({"grammar": GrammarSpec.json_object(), "ignore_eos": True}, "ignore_eos"),
+        ({"grammar": GrammarSpec.json_object(), "min_tokens": 2}, "min_tokens"),
         ({"temperature": -1}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"top_k": -2}, "top_k"),

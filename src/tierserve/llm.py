@@ -26,6 +26,8 @@ class RequestOutput:
     finish_reason: str | None
     priority: Priority
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list = field(default_factory=list)  # with SamplingParams.top_logprobs
+    prompt_logprobs: list = field(default_factory=list)  # with prompt_logprobs
     num_preemptions: int = 0
     error: str | None = None
 
@@ -99,6 +101,8 @@ class LLM:
                 finish_reason=r.finish_reason.value if r.finish_reason else None,
                 priority=r.base_priority,
                 logprobs=list(r.output_logprobs),
+                top_logprobs=list(r.output_top_logprobs),
+                prompt_logprobs=list(r.prompt_logprobs),
                 num_preemptions=r.num_preemptions,
                 error=r.error,
             )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from tierserve.core.outputs import PromptLogprobs, TopLogprobs
 from tierserve.priority import Priority
 from tierserve.sampling_params import SamplingParams
 
@@ -82,6 +83,12 @@ class Request:
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
     output_token_ids: list[int] = field(default_factory=list, init=False)
     output_logprobs: list[float] = field(default_factory=list, init=False)
+    # With top_logprobs: each output token's alternatives. With prompt_logprobs: prompt tokens
+    # 1, 2, ... as (logprob, alternatives or None).
+    output_top_logprobs: list[TopLogprobs] = field(default_factory=list, init=False)
+    prompt_logprobs: list[tuple[float, TopLogprobs | None]] = field(
+        default_factory=list, init=False, repr=False
+    )
     num_computed_tokens: int = field(default=0, init=False)
     finish_reason: FinishReason | None = field(default=None, init=False)
     error: str | None = field(default=None, init=False)
@@ -123,11 +130,30 @@ class Request:
         """Prompt then output tokens. Read-only by contract: use `append_output`."""
         return self._all_token_ids
 
-    def append_output(self, token_id: int, logprob: float | None = None) -> None:
+    def append_output(
+        self, token_id: int, logprob: float | None = None, top: TopLogprobs | None = None
+    ) -> None:
         self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
         if logprob is not None:
             self.output_logprobs.append(logprob)
+        if top is not None:
+            self.output_top_logprobs.append(top)
+
+    def add_prompt_logprobs(self, chunk: PromptLogprobs) -> None:
+        """Record a chunk's prompt logprobs; positions already recorded (a chunk computed again
+        after preemption) are skipped."""
+        have = len(self.prompt_logprobs) + 1  # the next prompt position without a logprob
+        if chunk.start > have:
+            raise AssertionError(f"{self.request_id}: prompt logprobs from {chunk.start}, "
+                                 f"but only up to {have - 1} are known")  # fmt: skip
+        top = chunk.top or [None] * len(chunk.logprobs)
+        skip = have - chunk.start
+        self.prompt_logprobs.extend(zip(chunk.logprobs[skip:], top[skip:], strict=True))
+
+    @property
+    def prompt_logprobs_done(self) -> bool:
+        return len(self.prompt_logprobs) == self.num_prompt_tokens - 1
 
     @property
     def max_total_tokens(self) -> int:

@@ -18,10 +18,11 @@ from tierserve.api.generation import (
     response_base,
     server_state,
     stream,
-    token_text,
     usage,
 )
+from tierserve.api.logprobs import chat_logprobs
 from tierserve.api.openapi import COMPLETION_RESPONSES
+from tierserve.api.sampling import chat_grammar
 from tierserve.api.state import ServerState, prepare
 from tierserve.api.unsupported import refuse_unsupported
 from tierserve.chat.template import ChatTemplateError
@@ -44,14 +45,6 @@ def render_messages(state: ServerState, body, add_generation_prompt: bool) -> st
         )
     except ChatTemplateError as exc:
         raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from None
-
-
-def _logprobs(state: ServerState, tokens: list[int], lps: list[float]) -> dict:
-    content = []
-    for t, lp in zip(tokens, lps, strict=False):
-        s = token_text(state, t)
-        content.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []})
-    return {"content": content}
 
 
 def _tool_call(call: ParsedCall) -> dict:
@@ -92,7 +85,9 @@ def _streamer(state: ServerState, body: ChatCompletionRequest, tools: list[str])
             called = bool(tools) and parsers[i].num_calls > 0
             out["finish_reason"] = _finish(d.finish_reason, called)
         if body.logprobs and d.token_ids:
-            out["logprobs"] = _logprobs(state, d.token_ids, d.logprobs)
+            out["logprobs"] = chat_logprobs(
+                state.tokenizer, d.token_ids, d.logprobs, d.top_logprobs
+            )
         if not (first or delta or d.finished or out["logprobs"]):
             return None  # text held back by the tool parser: nothing to say yet
         return out
@@ -104,15 +99,16 @@ def _streamer(state: ServerState, body: ChatCompletionRequest, tools: list[str])
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     state = server_state(http)
     refuse_unsupported(body, "chat")
+    template = state.chat.template
+    grammar = chat_grammar(body, template.source if template else None)
     text = render_messages(state, body, body.add_generation_prompt)
     prompt_ids = state.chat.encode(text)
     if not prompt_ids:
         raise APIError(
             400, "the chat template renders these messages as no tokens", param="messages"
         )
-    prep = prepare(
-        state, http, body, [prompt_ids], body.max_completion_tokens or body.max_tokens, "chatcmpl"
-    )
+    limit = body.max_completion_tokens or body.max_tokens
+    prep = prepare(state, http, body, [prompt_ids], limit, "chatcmpl", grammar=grammar)
     if isinstance(prep, JSONResponse):
         return prep
     base = response_base(state, prep, body.model)
@@ -131,7 +127,9 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
         item = {
             "index": i,
             "message": message,
-            "logprobs": _logprobs(state, c.tokens, c.logprobs) if body.logprobs else None,
+            "logprobs": chat_logprobs(state.tokenizer, c.tokens, c.logprobs, c.top_logprobs)
+            if body.logprobs
+            else None,
             "finish_reason": _finish(c.finish_reason, bool(calls)),
         }
         out.append(item)

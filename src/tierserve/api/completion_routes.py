@@ -14,9 +14,9 @@ from tierserve.api.generation import (
     response_base,
     server_state,
     stream,
-    token_text,
     usage,
 )
+from tierserve.api.logprobs import completion_logprobs
 from tierserve.api.openapi import COMPLETION_RESPONSES
 from tierserve.api.protocol import CompletionRequest
 from tierserve.api.state import ServerState, prepare
@@ -39,20 +39,6 @@ def _prompt_ids(state: ServerState, prompt: str | list[int], i: int, many: bool)
     return list(prompt)
 
 
-def _logprobs(state: ServerState, tokens, lps, offset: int) -> dict:
-    texts = [token_text(state, t) for t in tokens]
-    offsets, pos = [], offset
-    for s in texts:
-        offsets.append(pos)
-        pos += len(s)
-    return {
-        "tokens": texts,
-        "token_logprobs": list(lps),
-        "top_logprobs": None,
-        "text_offset": offsets,
-    }
-
-
 @router.post("/v1/completions", responses=COMPLETION_RESPONSES)
 async def completions(body: CompletionRequest, http: HTTPRequest):
     state = server_state(http)
@@ -70,33 +56,40 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
             t if isinstance(t, str) else state.tokenizer.decode(ids, skip_special_tokens=False)
             for t, ids in zip(texts, prompts, strict=True)
         ]
-    if body.stream:
+    k = body.logprobs or 0
 
-        def text_choice(k: int, d: StreamDelta, first: bool) -> dict:
-            echo = echoes[k // n] if first else ""
-            choice = {
-                "index": k,
+    def logprobs(i: int, tokens, lps, tops, scored, offset: int) -> dict | None:
+        """The choice's logprobs; with echo, the prompt's come first (once)."""
+        if body.logprobs is None or not (tokens or scored is not None):
+            return None
+        prompt = (prompts[i // n], scored) if scored is not None else None
+        return completion_logprobs(state.tokenizer, tokens, lps, tops, k, offset, prompt)
+
+    if body.stream:
+        sent = [0] * len(prep.requests)  # characters of each choice's text streamed so far
+
+        def text_choice(i: int, d: StreamDelta, first: bool) -> dict:
+            echo = echoes[i // n] if first else ""
+            at = sent[i] + len(echo)
+            lp = logprobs(i, d.token_ids, d.logprobs, d.top_logprobs, d.prompt_logprobs, at)
+            sent[i] = at + len(d.text)
+            return {
+                "index": i,
                 "text": echo + d.text,
-                "logprobs": None,
+                "logprobs": lp,
                 "finish_reason": d.finish_reason if d.finished else None,
             }
-            if body.logprobs is not None and d.token_ids:
-                choice["logprobs"] = _logprobs(state, d.token_ids, d.logprobs, 0)
-            return choice
 
         return stream(state, prep, base, body, n_prompt, text_choice)
     choices = await collect(state, http, prep)
     out = []
-    for k, c in enumerate(choices):
-        echo = echoes[k // n]
-        item = {
-            "index": k,
-            "text": echo + c.text,
-            "logprobs": None,
-            "finish_reason": c.finish_reason,
-        }
-        if body.logprobs is not None:
-            item["logprobs"] = _logprobs(state, c.tokens, c.logprobs, len(echo))
-        out.append(item)
+    for i, c in enumerate(choices):
+        echo = echoes[i // n]
+        lp = logprobs(i, c.tokens, c.logprobs, c.top_logprobs, c.prompt_logprobs, len(echo))
+        if lp is None and body.logprobs is not None:  # nothing generated, nothing scored
+            lp = completion_logprobs(state.tokenizer, [], [], [], k)
+        out.append(
+            {"index": i, "text": echo + c.text, "logprobs": lp, "finish_reason": c.finish_reason}
+        )
     total = usage(n_prompt, sum(c.completion_tokens for c in choices))
     return JSONResponse({**base, "choices": out, "usage": total}, headers=prep.headers)

@@ -88,7 +88,8 @@ def _error_kind(error: str | None) -> tuple[str, str | None]:
 
 class Choice:
     def __init__(self) -> None:
-        self.text, self.tokens, self.logprobs = "", [], []
+        self.text, self.tokens, self.logprobs, self.top_logprobs = "", [], [], []
+        self.prompt_logprobs: list | None = None
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.retry_after_s: float | None = None
@@ -105,6 +106,9 @@ async def collect(state: ServerState, http: HTTPRequest, prep: Prepared) -> list
             c.text += d.text
             c.tokens += d.token_ids
             c.logprobs += d.logprobs
+            c.top_logprobs += d.top_logprobs
+            if d.prompt_logprobs is not None:
+                c.prompt_logprobs = d.prompt_logprobs
             c.completion_tokens = d.num_output_tokens
             if d.finished:
                 c.finish_reason, c.error, c.retry_after_s = (
@@ -131,10 +135,6 @@ async def collect(state: ServerState, http: HTTPRequest, prep: Prepared) -> list
                 retry_after_s=c.retry_after_s,
             )
     return choices
-
-
-def token_text(state: ServerState, tok: int) -> str:
-    return state.tokenizer.decode([tok], skip_special_tokens=False)
 
 
 def _sse(obj: dict | str) -> str:

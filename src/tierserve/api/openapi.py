@@ -172,6 +172,8 @@ def install_openapi(app: FastAPI, max_request_bytes: int, max_model_len: int, vo
             _limit(schema, model, "max_tokens", maximum=max_model_len - 1)
         _limit(schema, "ChatCompletionRequest", "max_completion_tokens", maximum=max_model_len - 1)
         _limit(schema, "CompletionRequest", "prompt", maximum=vocab - 1)
+        for model in ("ChatCompletionRequest", "CompletionRequest"):
+            _limit(schema, model, "stop_token_ids", maximum=vocab - 1)
         _limit(schema, "DetokenizeRequest", "tokens", maximum=vocab - 1)
         for model, route in (
             ("ChatCompletionRequest", "chat"),

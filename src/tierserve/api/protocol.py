@@ -6,8 +6,9 @@ Validation is strict: a boolean is `true` or `false` (not "yes", not 1), a numbe
 number (not a string), an integer is a whole number (`8` or, as JSON Schema has it, `8.0`; not
 `8.5`, not `"8"`), NaN and infinities are refused. An unknown field is refused with a 400 that
 names it: nothing sent is silently ignored. A field the API defines but tierserve does not
-implement yet is declared here with its type and range, and refused by `unsupported.py` when it
-asks for more than its neutral value. Every limit checked here appears in the OpenAPI schema."""
+implement yet would be declared here with its type and range, and refused by `unsupported.py`
+when it asks for more than its neutral value. Every limit checked here appears in the OpenAPI
+schema."""
 
 from __future__ import annotations
 
@@ -85,8 +86,7 @@ class Common(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     user: str | None = Field(None, description="the end user, for the client's own records")
-    # The sampler's next fields: declared with their ranges, refused beyond their neutral value
-    # until implemented (api/unsupported.py).
+    # Per-request logits processing (model/processors.py; vLLM's semantics, docs/api.md).
     presence_penalty: _Penalty = 0.0
     frequency_penalty: _Penalty = 0.0
     repetition_penalty: Annotated[float, Field(gt=0.0)] = 1.0

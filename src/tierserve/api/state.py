@@ -16,15 +16,16 @@ from tierserve.admission.ttft import SLA_DEMOTED
 from tierserve.api.auth import request_tenant
 from tierserve.api.errors import APIError, admission_response
 from tierserve.api.protocol import Common
+from tierserve.api.sampling import check_token_ids, sampling_params
 from tierserve.api.settings import ServerSettings
 from tierserve.api.tenancy import BadPriority, Resolution, TenantRegistry
 from tierserve.chat.prompt import ChatPrompter
 from tierserve.engine.async_engine import AsyncEngine, EngineDeadError
+from tierserve.grammar import GrammarSpec
 from tierserve.metrics import Metrics
 from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.priority import VALID_TIER_NAMES, Priority
 from tierserve.request import Request
-from tierserve.sampling_params import SamplingParams
 
 
 @dataclass
@@ -51,25 +52,7 @@ class Prepared:
     streams: list = field(default_factory=list)
 
 
-def _sampling(body: Common, max_tokens: int, eos: tuple[int, ...], seed_offset: int):
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            min_p=body.min_p,
-            seed=None if body.seed is None else body.seed + seed_offset,
-            stop=tuple(body.stop or ()),
-            stop_token_ids=tuple(eos[1:]),
-            ignore_eos=body.ignore_eos,
-            logprobs=bool(getattr(body, "logprobs", False)),
-        )
-    except ValueError as exc:
-        raise APIError(400, str(exc)) from None
-
-
-def _requests(state, body, prompts, max_tokens, res, tenant, prefix) -> list[Request]:
+def _requests(state, body, prompts, max_tokens, res, tenant, prefix, grammar) -> list[Request]:
     """One engine Request per choice: prompt i, choice j is request (and index) i * n + j,
     seeded `seed + j` (so a prompt gets the same choices alone or in a list)."""
     now = state.engine.core.clock.now()
@@ -79,7 +62,7 @@ def _requests(state, body, prompts, max_tokens, res, tenant, prefix) -> list[Req
         Request(
             f"{rid}-{i * body.n + j}",
             list(ids),
-            _sampling(body, limit, state.eos_token_ids, j),
+            sampling_params(body, limit, state.eos_token_ids, j, grammar),
             priority=res.priority,
             tenant=tenant.name,
             arrival_time=now,
@@ -140,6 +123,7 @@ def prepare(
     max_tokens: int | None,
     prefix: str,
     param: str = "messages",
+    grammar: GrammarSpec | None = None,
 ) -> Prepared | JSONResponse:
     """Validate and admit a request (`n` choices for each of `prompts`); return its engine
     Requests, or a refusal response."""
@@ -155,8 +139,9 @@ def prepare(
             f"{exc} (valid tiers: {', '.join(VALID_TIER_NAMES)}; body priority: 0..3)",
             param="priority",
         ) from None
+    check_token_ids(body, state.tokenizer.vocab_size)
     budgets = _max_tokens(state, prompts, max_tokens, param)
-    reqs = _requests(state, body, prompts, budgets, res, tenant, prefix)
+    reqs = _requests(state, body, prompts, budgets, res, tenant, prefix, grammar)
     limits = state.engine.limits
     try:  # what the scheduler would refuse (KV capacity of the class), refused here with a 400
         for r in reqs[:: body.n]:
@@ -175,7 +160,7 @@ def prepare(
     if decision.demoted_from is not None:
         state.metrics.on_rejected(SLA_DEMOTED, decision.demoted_from)
         res = replace(res, priority=decision.priority)
-        reqs = _requests(state, body, prompts, budgets, res, tenant, prefix)
+        reqs = _requests(state, body, prompts, budgets, res, tenant, prefix, grammar)
     predicted = decision.predicted_ttft_s
     if predicted is not None and not math.isfinite(predicted):
         predicted = None  # best effort behind a saturating class: no time to promise

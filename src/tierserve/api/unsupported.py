@@ -24,51 +24,10 @@ class Pending:
     routes: tuple[str, ...] = ("chat", "completions")
 
 
-def _tool_choice_forced(body) -> bool:
-    return body.tool_choice is not None and body.tool_choice not in ("none", "auto")
-
-
-NOT_SUPPORTED_YET: tuple[Pending, ...] = (
-    Pending("presence_penalty", lambda b: b.presence_penalty != 0, "a value other than 0"),
-    Pending("frequency_penalty", lambda b: b.frequency_penalty != 0, "a value other than 0"),
-    Pending("repetition_penalty", lambda b: b.repetition_penalty != 1, "a value other than 1"),
-    Pending("logit_bias", lambda b: bool(b.logit_bias), "a non-empty map"),
-    Pending("min_tokens", lambda b: b.min_tokens > 0, "a value above 0"),
-    Pending("stop_token_ids", lambda b: bool(b.stop_token_ids), "a non-empty list"),
-    Pending("skip_special_tokens", lambda b: not b.skip_special_tokens, "false"),
-    Pending(
-        "response_format",
-        lambda b: b.response_format is not None and b.response_format.type != "text",
-        "json_object or json_schema (structured output)",
-        ("chat",),
-    ),
-    Pending(
-        "tool_choice",
-        _tool_choice_forced,
-        "required or a named function: it needs structured output",
-        ("chat",),
-    ),
-    Pending(
-        "tools",
-        lambda b: any(t.function.strict for t in b.tools or ()),
-        "a function with strict: true (structured output)",
-        ("chat",),
-    ),
-    Pending("top_logprobs", lambda b: (b.top_logprobs or 0) > 0, "a value above 0", ("chat",)),
-    Pending(
-        "logprobs",
-        lambda b: (b.logprobs or 0) > 0,
-        "a value above 0 (the top alternatives of each token)",
-        ("completions",),
-    ),
-    Pending(
-        "echo",
-        lambda b: b.echo and b.logprobs is not None,
-        "echo with logprobs (the prompt's logprobs)",
-        ("completions",),
-    ),
-    Pending("max_tokens", lambda b: b.max_tokens == 0, "0 (scoring a prompt)", ("completions",)),
-)
+# Empty since issue 15's sampler half: penalties, logit_bias, min_tokens, stop_token_ids,
+# skip_special_tokens, structured output (response_format, forced and strict tool calls), top
+# and prompt logprobs, and scoring (max_tokens 0) are all implemented.
+NOT_SUPPORTED_YET: tuple[Pending, ...] = ()
 
 
 def refuse_unsupported(body, route: str) -> None:

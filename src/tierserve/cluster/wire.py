@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any
 
 from tierserve.engine.async_engine import StreamDelta
+from tierserve.grammar import GrammarSpec
 from tierserve.priority import Priority
 from tierserve.request import Request
 from tierserve.routing import RouteRequest
@@ -33,7 +34,7 @@ def request_payload(
     avoid: tuple[str, ...] = (),
     pin: str | None = None,
 ) -> dict[str, Any]:
-    sp = dataclasses.asdict(req.sampling_params)
+    sp = sampling_payload(req.sampling_params)
     return {
         "request_id": req.request_id,
         "prompt_token_ids": list(req.prompt_token_ids),
@@ -53,16 +54,31 @@ def request_payload(
     }
 
 
-def request_from_payload(p: dict[str, Any], now: float) -> Request:
-    """The engine Request on the replica, arriving at the replica's `now`."""
-    sp = dict(p["sampling"])
+def sampling_payload(sp: SamplingParams) -> dict[str, Any]:
+    """`sp`'s constructor arguments as plain data (derived fields are recomputed on arrival)."""
+    out = {f.name: getattr(sp, f.name) for f in dataclasses.fields(sp) if f.init}
+    if sp.grammar is not None:
+        out["grammar"] = dataclasses.asdict(sp.grammar)
+    return out
+
+
+def sampling_from_payload(d: dict[str, Any]) -> SamplingParams:
+    sp = dict(d)
     for key in ("stop", "stop_token_ids"):
         sp[key] = tuple(sp[key])
+    sp["logit_bias"] = tuple((int(t), float(b)) for t, b in sp.get("logit_bias") or ())
+    if sp.get("grammar") is not None:
+        sp["grammar"] = GrammarSpec(**sp["grammar"])
+    return SamplingParams(**sp)
+
+
+def request_from_payload(p: dict[str, Any], now: float) -> Request:
+    """The engine Request on the replica, arriving at the replica's `now`."""
     deadline = p.get("deadline_in_s")
     return Request(
         p["request_id"],
         list(p["prompt_token_ids"]),
-        SamplingParams(**sp),
+        sampling_from_payload(p["sampling"]),
         priority=Priority(p["priority"]),
         tenant=p["tenant"],
         arrival_time=now,

@@ -14,6 +14,18 @@ from dataclasses import dataclass, field
 
 from tierserve.sampling_params import SamplingParams
 
+# (token ids, logprobs) of one position's most likely tokens, most likely first.
+TopLogprobs = tuple[tuple[int, ...], tuple[float, ...]]
+
+
+@dataclass
+class PromptLogprobs:
+    """Logprobs of prompt tokens `start`, `start + 1`, ... (token 0 has none), from one chunk."""
+
+    start: int
+    logprobs: list[float]
+    top: list[TopLogprobs] | None = None  # with prompt_logprobs > 0
+
 
 @dataclass
 class NewRequestData:
@@ -26,6 +38,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    eos_token_id: int | None = None
 
 
 @dataclass
@@ -64,9 +77,12 @@ class SchedulerOutput:
 
 @dataclass
 class ExecutorOutput:
-    """Tokens sampled for requests whose known tokens were all computed in this step."""
+    """Tokens sampled for requests whose known tokens were all computed in this step, their
+    logprobs (and top alternatives, when asked), and prompt logprobs of this step's chunks."""
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, float] = field(default_factory=dict)
+    top_logprobs: dict[str, TopLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
     # Requests the executor could not serve (e.g. non-finite logits), with a reason.
     failed: dict[str, str] = field(default_factory=dict)

@@ -29,14 +29,9 @@ from tierserve.core.kv import KVCacheManager
 from tierserve.core.kv.manager import NO_HITS, ComputedBlocks
 from tierserve.core.limits import RequestLimits
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
-from tierserve.core.preemption import (
-    PreemptionCosts,
-    PreemptionCounts,
-    PreemptionMode,
-    choose_mode,
-)
+from tierserve.core.preemption import PreemptionCosts, PreemptionCounts, PreemptionMode, choose_mode
 from tierserve.core.step_state import StepPlan
-from tierserve.core.stopping import check_stop
+from tierserve.core.stopping import take_output
 from tierserve.policies import Policy, SchedulerState, VictimCandidate
 from tierserve.policies.base import arrival_key
 from tierserve.priority import NUM_PRIORITIES, Priority
@@ -327,30 +322,22 @@ class Scheduler:
         requests that changed in this step (finished inside ``schedule()``, got a token,
         finished or failed), in scheduling order. Called after every ``schedule()``."""
         now = self.clock.now()
-        sampled, logprobs, failed = result.sampled_token_ids, result.logprobs, result.failed
+        failed = result.failed
         changed, self._changed = self._changed, []
         for rid, n in out.num_scheduled_tokens.items():
             req = self.running.get(rid)
             if req is None:
                 continue  # aborted while the step ran
             if rid in failed:
-                self.finish(rid, S.FAILED, failed[rid])
-                changed.append(req)
+                changed.append(self.finish(rid, S.FAILED, failed[rid]))
                 continue
             req.num_computed_tokens += n
             self.kv.cache_blocks(req)
-            tok = sampled.get(rid)
-            if tok is None:
-                continue
-            if req.num_computed_tokens != req.num_tokens:
-                raise AssertionError(f"{rid}: sampled before all tokens were computed")
-            req.append_output(tok, logprobs.get(rid))
-            if req.first_token_time is None:
-                req.first_token_time = now
-            reason = check_stop(req, self.config.max_model_len)
+            got, reason = take_output(req, result, now, self.config.max_model_len)
             if reason is not None:
                 self.finish(rid, S.FINISHED, reason)
-            changed.append(req)
+            if got or reason is not None:
+                changed.append(req)
         return changed
 
     def finish(self, request_id: str, status: RequestStatus, reason: str | None = None) -> Request:

@@ -60,6 +60,7 @@ class StepPlan:
                         sampling_params=req.sampling_params,
                         block_ids=kv.block_ids(rid),
                         num_computed_tokens=req.num_computed_tokens,
+                        eos_token_id=req.eos_token_id,
                     )
                 )
                 known.add(rid)

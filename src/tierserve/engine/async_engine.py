@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from tierserve.core.limits import RequestLimits
+from tierserve.core.outputs import TopLogprobs
 from tierserve.engine.core import EngineCore, StepStats
 from tierserve.engine.load import LateRequestCheck
 from tierserve.engine.output_processor import OutputProcessor
@@ -54,6 +55,10 @@ class StreamDelta:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     retry_after_s: float | None = None  # an error the client may retry: when
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # with top_logprobs > 0
+    # With prompt_logprobs: prompt tokens 1, 2, ... as (logprob, top or None), once, in the
+    # first delta after the prompt is computed.
+    prompt_logprobs: list | None = None
 
 
 @dataclass
@@ -62,6 +67,7 @@ class _Stream:
     queue: asyncio.Queue
     request: Request
     sent_tokens: int = 0  # engine thread only
+    sent_prompt_logprobs: bool = False  # engine thread only
 
 
 class AsyncEngine:
@@ -308,6 +314,7 @@ class AsyncEngine:
                 continue
             new = req.output_token_ids[stream.sent_tokens :]
             new_lp = req.output_logprobs[stream.sent_tokens :]
+            new_top = req.output_top_logprobs[stream.sent_tokens :]
             if new:
                 self._on_tokens(req, len(new), now)
             stream.sent_tokens = req.num_output_tokens
@@ -318,9 +325,14 @@ class AsyncEngine:
                 text=text,
                 token_ids=list(new),
                 logprobs=list(new_lp),
+                top_logprobs=list(new_top),
                 num_prompt_tokens=req.num_prompt_tokens,
                 num_output_tokens=req.num_output_tokens,
             )
+            wants = req.sampling_params.prompt_logprobs is not None
+            if wants and not stream.sent_prompt_logprobs and req.prompt_logprobs_done:
+                delta.prompt_logprobs = list(req.prompt_logprobs)
+                stream.sent_prompt_logprobs = True
             if req.is_finished:
                 self._on_event("finished", req)
                 delta.finished = True

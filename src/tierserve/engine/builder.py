@@ -46,7 +46,13 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         blocks_for_gib(model, args.block_size, args.swap_space_gib) if args.swap_space_gib else 0
     )
     executor = TorchExecutor(
-        model, num_blocks, args.block_size, num_cpu, seed=args.seed, measure=args.measure_costs
+        model,
+        num_blocks,
+        args.block_size,
+        num_cpu,
+        seed=args.seed,
+        measure=args.measure_costs,
+        tokenizer=loaded.tokenizer,
     )
     max_len = min(
         args.max_model_len or loaded.config.max_position_embeddings,

@@ -32,7 +32,9 @@ class OutputProcessor:
     def add(self, req: Request) -> None:
         stop = req.sampling_params.stop
         self._states[req.request_id] = TextState(
-            IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids),
+            IncrementalDetokenizer(
+                self.tokenizer, req.prompt_token_ids, req.sampling_params.skip_special_tokens
+            ),
             stop,
             max((len(s) for s in stop), default=1) - 1,
         )

@@ -23,6 +23,17 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class ScoreSpan:
+    """Prompt logprobs of one request in this step: flat rows `rows` predict its prompt tokens
+    `start`, `start + 1`, ..."""
+
+    request_id: str
+    start: int
+    rows: range
+    k: int  # alternatives per position
+
+
+@dataclass
 class Batch:
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -30,6 +41,15 @@ class Batch:
     logits_rows: torch.Tensor
     sample_ids: list[str] = field(default_factory=list)
     sample_rows: list[SampleRow] = field(default_factory=list)
+    # Prompt logprobs: the flat rows whose final hidden states are scored, and their targets.
+    score_spans: list[ScoreSpan] = field(default_factory=list)
+    score_targets: list[int] = field(default_factory=list)
+
+    @property
+    def hidden_rows(self) -> torch.Tensor | None:
+        if not self.score_spans:
+            return None
+        return torch.tensor([i for s in self.score_spans for i in s.rows], dtype=torch.long)
 
 
 def build_batch(
@@ -50,6 +70,8 @@ def build_batch(
     logits_rows: list[int] = []
     sample_ids: list[str] = []
     sample_rows: list[SampleRow] = []
+    spans: list[ScoreSpan] = []
+    targets: list[int] = []
     for rid, n in scheduled.items():
         st = states[rid]
         start = st.num_computed
@@ -59,10 +81,21 @@ def build_batch(
         starts.append(start)
         counts.append(n)
         table_rows.append(st.table_row)
-        if start + n == len(st.tokens):
+        if st.params.prompt_logprobs is not None and start < st.num_prompt - 1:
+            # positions start .. predict prompt tokens start + 1 .. (the last prompt
+            # position predicts the first output token: that is the sampling row)
+            m = min(n, st.num_prompt - 1 - start)
+            first = len(ids) - n
+            spans.append(
+                ScoreSpan(rid, start + 1, range(first, first + m), st.params.prompt_logprobs)
+            )
+            targets.extend(st.tokens[start + 1 : start + 1 + m])
+        if start + n == len(st.tokens) and st.params.max_tokens > 0:
             logits_rows.append(len(ids) - 1)
             sample_ids.append(rid)
-            sample_rows.append(SampleRow(st.params, len(st.tokens) - st.num_prompt))
+            sample_rows.append(
+                SampleRow(st.params, len(st.tokens) - st.num_prompt, st.slot, st.eos)
+            )
     start_a = np.asarray(starts, dtype=np.int64)
     count_a = np.asarray(counts, dtype=np.int64)
     row_a = np.cumsum(count_a) - count_a  # first flat row of each request
@@ -83,6 +116,8 @@ def build_batch(
         logits_rows=torch.tensor(logits_rows, dtype=torch.long),
         sample_ids=sample_ids,
         sample_rows=sample_rows,
+        score_spans=spans,
+        score_targets=targets,
     )
     return batch if torch.device(device).type == "cpu" else _to(batch, torch.device(device))
 

@@ -19,8 +19,11 @@ from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts
 from tierserve.executor.batch import build_batch
 from tierserve.executor.block_table import BlockTables
+from tierserve.executor.sampling_state import SamplingState
+from tierserve.executor.scoring import prompt_logprobs
 from tierserve.model.llama import FUSED_MAX_ROWS, LlamaModel
 from tierserve.model.sampler import Sampler
+from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.sampling_params import SamplingParams
 
 
@@ -68,6 +71,8 @@ class RequestState:
     num_computed: int
     params: SamplingParams
     table_row: int = -1  # this request's row in the executor's BlockTables
+    eos: int | None = None
+    slot: int = -1  # this request's slot in the penalty token counts (-1: none)
 
 
 class TorchExecutor:
@@ -79,7 +84,10 @@ class TorchExecutor:
         num_cpu_blocks: int = 0,
         seed: int | None = None,
         measure: bool = True,
+        tokenizer: ChatTokenizer | None = None,
     ) -> None:
+        """`tokenizer`: the model's, for structured output (grammar masks are computed over
+        its vocabulary); without it a request with a grammar fails."""
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -99,6 +107,9 @@ class TorchExecutor:
         self.kernel_attention = model.uses_kernel_attention(block_size)
         self.last_swap_seconds = (0.0, 0.0)  # (in, out) copy time of the last step
         self.sampler = Sampler(dev, seed, model.kernels)
+        self.sampling = SamplingState(
+            model.config.vocab_size, dev, _grammar_engine(tokenizer, model) if tokenizer else None
+        )
         self._costs = self._measure() if measure else None
 
     # -- cost figures for preemption -------------------------------------------------------
@@ -157,15 +168,21 @@ class TorchExecutor:
         self._sync()
         return time.perf_counter() - t0
 
-    def add_state(self, rid: str, st: RequestState) -> None:
+    def add_state(self, rid: str, st: RequestState) -> str | None:
+        """Hold `rid`'s state; an error message (and nothing held) if it cannot be served."""
         self.drop_state(rid)
         st.table_row = self.tables.assign(st.block_ids)
         self.states[rid] = st
+        error = self.sampling.add(rid, st)
+        if error is not None:
+            self.drop_state(rid)
+        return error
 
     def drop_state(self, rid: str) -> None:
         st = self.states.pop(rid, None)
         if st is not None:
             self.tables.release(st.table_row)
+            self.sampling.drop(rid, st)
 
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
         for rid in out.finished_req_ids | out.preempted_req_ids:
@@ -174,6 +191,7 @@ class TorchExecutor:
             self._timed_copy(self.host_caches, self.kv_caches, out.blocks_to_swap_in),
             self._timed_copy(self.kv_caches, self.host_caches, out.blocks_to_swap_out),
         )
+        failed = {}
         for new in out.scheduled_new:
             st = RequestState(
                 list(new.token_ids),
@@ -181,15 +199,21 @@ class TorchExecutor:
                 list(new.block_ids),
                 new.num_computed_tokens,
                 new.sampling_params,
+                eos=new.eos_token_id,
             )
-            self.add_state(new.request_id, st)
+            error = self.add_state(new.request_id, st)
+            if error is not None:
+                failed[new.request_id] = error
         for cached in out.scheduled_cached:
             st = self.states[cached.request_id]
             st.block_ids.extend(cached.new_block_ids)
             self.tables.extend(st.table_row, cached.new_block_ids)
-        if not out.num_scheduled_tokens:
-            return ExecutorOutput()
-        return self._forward(self.states, out.num_scheduled_tokens)
+        scheduled = out.num_scheduled_tokens
+        if failed:
+            scheduled = {rid: n for rid, n in scheduled.items() if rid not in failed}
+        result = self._forward(self.states, scheduled) if scheduled else ExecutorOutput()
+        result.failed.update(failed)
+        return result
 
     def _forward(
         self, states: dict[str, RequestState], scheduled: dict[str, int]
@@ -204,19 +228,53 @@ class TorchExecutor:
             device=self.model.device,
             fuse_rows=FUSED_MAX_ROWS if self.kernel_attention else 0,
         )
+        masks = self.sampling.masks(batch.sample_ids) if batch.sample_ids else None
         logits = self.model.forward(
-            batch.input_ids, batch.positions, batch.meta, self.kv_caches, batch.logits_rows
+            batch.input_ids,
+            batch.positions,
+            batch.meta,
+            self.kv_caches,
+            batch.logits_rows,
+            batch.hidden_rows,
         )
         result = ExecutorOutput()
+        if batch.score_spans:
+            logits, hidden = logits
+            result.prompt_logprobs = prompt_logprobs(self.model.head, hidden, batch)
         for rid, n in scheduled.items():
             states[rid].num_computed += n
         if batch.sample_ids:
-            tokens, logprobs = self.sampler.sample(logits, batch.sample_rows)
-            for i, rid in enumerate(batch.sample_ids):
-                if not math.isfinite(logprobs[i]):
-                    result.failed[rid] = "the model produced non-finite logits"
-                    continue
-                states[rid].tokens.append(tokens[i])
-                result.sampled_token_ids[rid] = tokens[i]
-                result.logprobs[rid] = logprobs[i]
+            self._sample(logits, batch, masks, states, result)
         return result
+
+    def _sample(self, logits, batch, masks, states, result: ExecutorOutput) -> None:
+        out = self.sampler.sample(logits, batch.sample_rows, self.sampling.counts, masks)
+        slots: list[int] = []
+        toks: list[int] = []
+        for i, rid in enumerate(batch.sample_ids):
+            tok, st = out.tokens[i], states[rid]
+            if not math.isfinite(out.logprobs[i]):
+                result.failed[rid] = "the model produced non-finite logits"
+                continue
+            error = self.sampling.accept(rid, st, tok, slots, toks)
+            if error is not None:
+                result.failed[rid] = error
+                continue
+            st.tokens.append(tok)
+            result.sampled_token_ids[rid] = tok
+            result.logprobs[rid] = out.logprobs[i]
+            if i in out.top:
+                result.top_logprobs[rid] = out.top[i]
+        self.sampling.flush(slots, toks)
+
+
+def _grammar_engine(tokenizer: ChatTokenizer, model: LlamaModel):
+    """A factory: the grammar engine is built on the first request with a grammar."""
+
+    def make():
+        from tierserve.grammar.engine import GrammarEngine
+
+        c = model.config
+        return GrammarEngine(tokenizer.tokenizer.to_str(), list(c.eos_token_ids), c.vocab_size)
+
+    return make

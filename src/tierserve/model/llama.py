@@ -168,8 +168,10 @@ class LlamaModel:
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_rows: torch.Tensor,
-    ) -> torch.Tensor:
-        """input_ids, positions: [T]. Returns float32 logits for `logits_rows` only: [S, V]."""
+        hidden_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """input_ids, positions: [T]. Returns float32 logits for `logits_rows` only: [S, V]; with
+        `hidden_rows`, also those rows' final (normed) hidden states, [H, D], for `head`."""
         c = self.config
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
         x = self._embed(input_ids)
@@ -179,7 +181,8 @@ class LlamaModel:
         heads = c.num_heads + c.num_kv_heads
         ext = self.kernels if meta.segments is not None else None
         if ext is not None and meta.all_decode and t <= FUSED_MAX_ROWS:
-            return self._forward_fused(x, cos, sin, meta, kv_caches, logits_rows)
+            x = self._forward_fused(x, cos, sin, meta, kv_caches)
+            return self._outputs(x, logits_rows, hidden_rows)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             h = rms_norm(x, layer.ln_attn, c.rms_norm_eps)
             qkv = self._mm(h, layer.w_qkv, layer.b_qkv)
@@ -193,11 +196,22 @@ class LlamaModel:
             gu = self._mm(h, layer.w_gate_up)
             act = F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:])  # in gu's memory
             x = self._mm_add_(x, act, layer.w_down)
-        x = rms_norm(x.index_select(0, logits_rows), self.norm, c.rms_norm_eps)
-        return self._mm(x, self.head_t).float()
+        return self._outputs(x, logits_rows, hidden_rows)
 
-    def _forward_fused(self, x, cos, sin, meta, kv_caches, logits_rows) -> torch.Tensor:
-        """Every row attends through kernel segments: one compiled call per layer."""
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits of final (normed) hidden states."""
+        return self._mm(hidden, self.head_t).float()
+
+    def _outputs(self, x, logits_rows, hidden_rows):
+        eps = self.config.rms_norm_eps
+        logits = self.head(rms_norm(x.index_select(0, logits_rows), self.norm, eps))
+        if hidden_rows is None:
+            return logits
+        return logits, rms_norm(x.index_select(0, hidden_rows.to(x.device)), self.norm, eps)
+
+    def _forward_fused(self, x, cos, sin, meta, kv_caches) -> torch.Tensor:
+        """Every row attends through kernel segments: one compiled call per layer. Returns the
+        last layer's output for every row."""
         c = self.config
         cos, sin = cos[:, 0].contiguous(), sin[:, 0].contiguous()
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
@@ -206,5 +220,4 @@ class LlamaModel:
                 layer.ln_attn, layer.ln_mlp, cos, sin, k_cache, v_cache, meta.slot_mapping,
                 meta.tables, meta.segments, c.num_heads, c.rms_norm_eps,
             )  # fmt: skip
-        x = rms_norm(x.index_select(0, logits_rows), self.norm, c.rms_norm_eps)
-        return self._mm(x, self.head_t).float()
+        return x

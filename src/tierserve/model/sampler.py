@@ -1,30 +1,38 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, min-p, seeds, chosen-token logprobs.
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p, seeds, penalties, `logit_bias`,
+`min_tokens`, grammar masks, logprobs. One step samples all its rows with a few tensor
+operations, never a Python loop over rows' logits:
 
-One step samples all its rows with a few tensor operations, never a Python loop over rows' logits:
-
-1. ``lse`` and ``argmax`` over the raw logits of every row: greedy rows take the argmax exactly,
-   and every row's logprob is its token's under the model's unfiltered distribution.
-2. The rows that sample are gathered once (``[S', V]``) and go through the stages in order,
-   each applied only to the rows whose parameters ask for it (per-row parameter tensors):
-   temperature, top-k, top-p, min-p. Later per-request stages belong here the same way, before
-   the temperature: penalties from per-row token counts (presence / frequency / repetition),
-   ``logit_bias`` as a sparse per-row add, ``min_tokens`` as an EOS mask, grammar token masks
-   as a bitmask on the rows that have a grammar.
-3. The draw is the Gumbel-max trick, ``argmax(logits + G)`` with ``G = -log(-log(u))``, which
+1. Rows with a grammar get its token mask on their raw logits (`processors.apply_token_bitmask`:
+   a bitmask the executor's matchers filled for this step's grammar rows only).
+2. ``lse`` and ``argmax`` over every row: greedy rows with nothing else to apply take the argmax
+   exactly, and every row's logprob (chosen token and top-k, `logprobs.py`) is read here, under
+   the model's raw distribution (vLLM's default ``raw_logprobs``).
+3. The rows that sample or use a per-request processor are gathered once (``[S', V]``) and go
+   through the stages in order, each applied only to the rows whose parameters ask for it:
+   `min_tokens` (EOS and stop ids masked), `logit_bias`, penalties (from `TokenCounts`, the
+   executor's per-request counts; `processors.py`), then, for sampling rows, temperature,
+   top-k, top-p, min-p. Greedy rows among them take the argmax of the processed logits.
+4. The draw is the Gumbel-max trick, ``argmax(logits + G)`` with ``G = -log(-log(u))``, which
    samples softmax(logits) exactly. ``u`` is a counter-based hash of (row key, token id): a
    seeded request's key is a hash of (seed, output index), so the same seed gives the same text
    whatever the batch and after preemption and recompute; unseeded rows draw their keys from
    the sampler's generator. The compiled kernel (`tierserve.kernels`) computes the same noise
    and skips tokens too far below the row's maximum to win; the PyTorch path below is its
    reference.
+
+A plain row (no penalty, bias, min_tokens, grammar or top-k logprobs) costs two attribute
+checks beyond what it cost before these features.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from tierserve.model.logprobs import TopLogprobs, top_logprobs
+from tierserve.model.penalties import TokenCounts
+from tierserve.model.processors import apply_token_bitmask, needs_processing, process_logits
 from tierserve.sampling_params import SamplingParams
 
 _M32 = 0xFFFFFFFF
@@ -34,6 +42,28 @@ _M32 = 0xFFFFFFFF
 class SampleRow:
     params: SamplingParams
     output_index: int  # how many tokens the request has generated before this one
+    slot: int = -1  # the request's slot in the penalty TokenCounts (-1: none)
+    eos: int | None = None  # the request's EOS, masked with stop_token_ids until min_tokens
+
+    def stop_ids(self) -> tuple[int, ...]:
+        p = self.params
+        eos = () if self.eos is None or p.ignore_eos else (self.eos,)
+        return eos + p.stop_token_ids
+
+
+@dataclass
+class GrammarMasks:
+    """This step's grammar bitmasks: row `rows[g]` of the logits gets `bitmask[g]`."""
+
+    rows: list[int]
+    bitmask: torch.Tensor  # int32 [G, ceil(V / 32)]
+
+
+@dataclass
+class Sampled:
+    tokens: list[int]
+    logprobs: list[float]  # the chosen tokens' (NaN: the row's logits were not finite)
+    top: dict[int, TopLogprobs] = field(default_factory=dict)  # rows that asked for top-k
 
 
 def fmix32(h):
@@ -116,21 +146,47 @@ class Sampler:
         ]
         return torch.tensor(keys, dtype=torch.int64, device=self.device)
 
-    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[float]]:
-        """logits: [S, V] float32. Returns token ids and their log-probabilities under the
-        model's (unfiltered) distribution; a NaN logprob means the row was not finite."""
+    @torch.inference_mode()
+    def sample(
+        self,
+        logits: torch.Tensor,
+        rows: list[SampleRow],
+        counts: TokenCounts | None = None,
+        masks: GrammarMasks | None = None,
+    ) -> Sampled:
+        """logits: [S, V] float32 (grammar rows are masked in place). Returns token ids, their
+        logprobs under the model's raw distribution, and the top-k of the rows that ask."""
+        if masks is not None:
+            apply_token_bitmask(logits, masks.rows, masks.bitmask)
         lse = torch.logsumexp(logits, dim=-1)
         tokens = torch.argmax(logits, dim=-1)
-        sampled = [i for i, r in enumerate(rows) if r.params.temperature != 0.0]
-        if sampled:
-            srows = [rows[i] for i in sampled]
-            idx = torch.tensor(sampled, device=logits.device)
-            filtered = filter_logits(logits[idx], [r.params for r in srows])
-            keys = self._keys(srows)
-            if self.kernels is not None and filtered.device.type == "cpu":
-                drawn = self.kernels.gumbel_argmax(filtered, keys)
-            else:
-                drawn = gumbel_argmax(filtered, keys)
-            tokens[idx] = drawn
+        work = [i for i, r in enumerate(rows) if r.params.temperature != 0.0 or needs_processing(r)]
+        if work:
+            wrows = [rows[i] for i in work]
+            idx = torch.tensor(work, device=logits.device)
+            sub = logits[idx]
+            if any(needs_processing(r) for r in wrows):
+                sub = process_logits(sub, wrows, counts)
+            tokens[idx] = self._draw(sub, wrows)
         chosen = logits.gather(1, tokens[:, None]).squeeze(1) - lse
-        return tokens.tolist(), chosen.tolist()
+        return Sampled(tokens.tolist(), chosen.tolist(), top_logprobs(logits, lse, rows))
+
+    def _draw(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """Greedy rows: the argmax; the others: filtered, then the Gumbel-max draw."""
+        sampled = [j for j, r in enumerate(rows) if r.params.temperature != 0.0]
+        if not sampled:
+            return torch.argmax(logits, dim=-1)
+        srows = [rows[j] for j in sampled]
+        every = len(sampled) == len(rows)
+        sub = logits if every else logits[sampled]
+        filtered = filter_logits(sub, [r.params for r in srows])
+        keys = self._keys(srows)
+        if self.kernels is not None and filtered.device.type == "cpu":
+            drawn = self.kernels.gumbel_argmax(filtered, keys)
+        else:
+            drawn = gumbel_argmax(filtered, keys)
+        if every:
+            return drawn
+        out = torch.argmax(logits, dim=-1)
+        out[torch.tensor(sampled, device=logits.device)] = drawn
+        return out

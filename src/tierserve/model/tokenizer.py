@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,22 @@ QWEN2_REGEX = (
 )
 # llama.cpp's pre-tokenizer names (tokenizer.ggml.pre) for byte-level BPE vocabularies.
 _DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone")
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the character each byte is written as -> byte."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, extra = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+
+
+_BYTES = _byte_decoder()
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback
 
 
 def _pre_tokenizer(pre: str):
@@ -74,6 +91,7 @@ class ChatTokenizer:
         # the tokenizer only carries its source.
         self.vocab_size = self.tokenizer.get_vocab_size()
         self.bos_token_id = self.tokenizer.token_to_id(self.bos_token) if self.bos_token else None
+        self._bytes: dict[int, bytes] = {}  # token_bytes' cache (a dict: safe across threads)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -84,6 +102,24 @@ class ChatTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a special token: its text). A byte-level token that
+        holds part of a UTF-8 character gives its raw bytes, which decoding it alone cannot."""
+        cached = self._bytes.get(token_id)
+        if cached is None:
+            cached = self._bytes[token_id] = self._token_bytes(token_id)
+        return cached
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        if "\ufffd" not in text:
+            return text.encode()
+        piece = self.tokenizer.id_to_token(token_id) or ""
+        if piece and all(c in _BYTES for c in piece):
+            return bytes(_BYTES[c] for c in piece)
+        m = _BYTE_TOKEN.fullmatch(piece)
+        return bytes([int(m.group(1), 16)]) if m else text.encode()
 
     # -- persistence -----------------------------------------------------------------------
     def save(self, folder: Path) -> None:
@@ -107,8 +143,11 @@ class IncrementalDetokenizer:
     incomplete UTF-8 sequence, and decodes with a little left context so that tokenizers that
     merge spaces across tokens give the same text as a full decode."""
 
-    def __init__(self, tokenizer: ChatTokenizer, prompt_ids: list[int]) -> None:
+    def __init__(
+        self, tokenizer: ChatTokenizer, prompt_ids: list[int], skip_special_tokens: bool = True
+    ) -> None:
         self.tk = tokenizer
+        self.skip = skip_special_tokens
         self.ids: list[int] = list(prompt_ids[-6:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -116,8 +155,8 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         self.ids.append(token_id)
-        prefix = self.tk.decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self.tk.decode(self.ids[self.prefix_offset :])
+        prefix = self.tk.decode(self.ids[self.prefix_offset : self.read_offset], self.skip)
+        full = self.tk.decode(self.ids[self.prefix_offset :], self.skip)
         if full.endswith("\ufffd") or len(full) <= len(prefix):
             return ""
         delta = full[len(prefix) :]

@@ -129,6 +129,8 @@ class KVCacheManager:
             return NO_HITS
         if request.request_id in self._swapped:
             return NO_HITS
+        if request.sampling_params.prompt_logprobs is not None:
+            return NO_HITS  # its prompt logprobs need the logits of every prompt position
         bs = self.block_size
         hashes = extend_block_hashes(
             request.block_hashes, request.all_token_ids, bs, request.cache_salt

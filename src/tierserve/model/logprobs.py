@@ -1,0 +1,67 @@
+"""Logprobs beyond the chosen token's: the top-k alternatives of sampled tokens, and the
+logprobs of prompt tokens (scoring, `echo`).
+
+Every figure is a logprob under the model's raw distribution, ``log_softmax(logits)``, as in
+vLLM's default ``logprobs_mode="raw_logprobs"``: before penalties, `logit_bias`, temperature and
+top-k/top-p/min-p, but after a grammar's token mask (vLLM applies the mask to the logits the
+sampler receives). A token the mask excludes has logprob -inf.
+
+Prompt logprobs need the head's logits at every prompt position of the requests that ask for
+them; the model returns those positions' final hidden states instead, and the head runs here in
+chunks of `CHUNK_ROWS` rows, so a long prompt never holds a ``[prompt, V]`` logits tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from tierserve.model.sampler import SampleRow
+
+CHUNK_ROWS = 256
+
+# (token ids, logprobs) of a position's most likely tokens, most likely first.
+TopLogprobs = tuple[tuple[int, ...], tuple[float, ...]]
+
+
+def top_logprobs(
+    logits: torch.Tensor, lse: torch.Tensor, rows: list[SampleRow]
+) -> dict[int, TopLogprobs]:
+    """{row index: its `top_logprobs` most likely tokens} for the rows that ask."""
+    want = [(i, r.params.top_logprobs) for i, r in enumerate(rows) if r.params.top_logprobs]
+    if not want:
+        return {}
+    idx = torch.tensor([i for i, _ in want], device=logits.device)
+    vals, ids = torch.topk(logits[idx], max(k for _, k in want), dim=-1)
+    lps = (vals - lse[idx, None]).tolist()
+    ids = ids.tolist()
+    return {i: (tuple(ids[j][:k]), tuple(lps[j][:k])) for j, (i, k) in enumerate(want)}
+
+
+def score_positions(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    k: int,
+) -> tuple[list[float], list[list[int]], list[list[float]]]:
+    """For hidden states ``[H, D]`` and the token that follows each position (``[H]``): each
+    target's logprob, and the `k` most likely tokens with their logprobs (empty lists if k=0)."""
+    lps: list[float] = []
+    top_ids: list[list[int]] = []
+    top_lps: list[list[float]] = []
+    for s in range(0, hidden.shape[0], CHUNK_ROWS):
+        logits = head(hidden[s : s + CHUNK_ROWS])
+        lse = torch.logsumexp(logits, dim=-1)
+        t = targets[s : s + CHUNK_ROWS].to(logits.device)
+        lps += (logits.gather(1, t[:, None]).squeeze(1) - lse).tolist()
+        if k:
+            vals, ids = torch.topk(logits, k, dim=-1)
+            top_ids += ids.tolist()
+            top_lps += (vals - lse[:, None]).tolist()
+        else:
+            top_ids += [[] for _ in range(t.shape[0])]
+            top_lps += [[] for _ in range(t.shape[0])]
+    return lps, top_ids, top_lps
