@@ -60,7 +60,12 @@ OPTIONS = [
     ("--dtype", str, None, "float32 | bfloat16 | float16 (default: float32 on cpu, bf16 on cuda)"),
     ("--policy", str, None, "fcfs | strict | drr | wfq | hybrid (default hybrid)"),
     ("--max-num-seqs", int, None, "most requests running at once (default 64)"),
-    ("--max-num-batched-tokens", int, None, "token budget per step (default 2048)"),
+    (
+        "--max-num-batched-tokens",
+        int,
+        None,
+        "token budget per step (default 512 on cpu, 2048 on cuda)",
+    ),
     ("--max-model-len", int, None, "context length cap (default: the model's)"),
     ("--block-size", int, None, "tokens per KV block (default 16)"),
     ("--kv-cache-gib", float, None, "KV cache memory budget in GiB (default 1.0)"),

@@ -25,7 +25,9 @@ class EngineArgs:
     swap_space_gib: float | None = None
     block_size: int = 16
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    # None: 2048 on CUDA, 512 on the CPU, where a step of 2048 prompt tokens lasts ~1 s and a P0
+    # arriving during it waits for all of it (docs/performance.md, flood).
+    max_num_batched_tokens: int | None = None
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
     preemption_mode: str = "auto"

@@ -70,7 +70,8 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         ),
         SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_batched_tokens=args.max_num_batched_tokens
+            or (2048 if model.device.type == "cuda" else 512),
             max_model_len=max_len,
             preemption_mode=args.preemption_mode,
             swap_cost_ratio=args.swap_cost_ratio,
