@@ -127,14 +127,14 @@ void run_wide(const float* a, int64_t lda, const float* w, int64_t K, int64_t N,
   constexpr int kWide = (VL >= 16 ? 16 : 8) / MR;  // MR x kWide accumulators fit the registers
   const int64_t vectors = N / VL;
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), vectors));
-  at::parallel_for(0, parts + 1, 1, [&](int64_t p0, int64_t p1) {
+  // One item per thread (ATen hands out contiguous ranges: an extra item for the tail columns
+  // would give two slices to one thread); the last slice's thread also takes the tail.
+  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
-      if (p == parts) {
-        if (vectors * VL < N) tail(a, lda, w, N, MR, K, vectors * VL, N, c, N, bias, accumulate);
-        continue;
-      }
       wide_part<MR, kWide>(a, lda, w, N, K, vectors * p / parts, vectors * (p + 1) / parts, c,
                            bias, accumulate);
+      if (p == parts - 1 && vectors * VL < N)
+        tail(a, lda, w, N, MR, K, vectors * VL, N, c, N, bias, accumulate);
     }
   });
 }
