@@ -6,7 +6,8 @@ weights per layer, so they stream from memory as in the engine) and the tied voc
 with the engine's own ``x @ W_t`` layout, and prints ms per pass, ms per row and GFLOP/s. It is
 the floor under the engine's step time (docs/performance.md). Where the compiled kernels are
 built (`tierserve.kernels`), their GEMM is timed on the same weights, alternating with BLAS,
-in the last columns (the engine's choice between the two: model/llama.py). Run:
+in the last columns, the head included (the engine's choice between the two: model/llama.py).
+Run:
 
     .venv/bin/python benchmarks/gemm_curve.py
 """
@@ -64,7 +65,7 @@ def main() -> int:
     print(f"{args.layers} layers, float32, {torch.get_num_threads()} threads")
     print(
         f"{'M':>6}{'layers ms':>11}{'ms/row':>9}{'GFLOP/s':>9}{'head ms':>9}"
-        + (f"{'kernel ms':>11}{'GFLOP/s':>9}{'speed-up':>10}" if ext else "")
+        + (f"{'kernel ms':>11}{'GFLOP/s':>9}{'speed-up':>10}{'k head ms':>11}" if ext else "")
     )
     for m in args.m:
         t = time_pass(weights, m, args.reps)
@@ -76,7 +77,9 @@ def main() -> int:
         if ext:
             tk = time_pass(weights, m, args.reps, kernel_mm(ext))
             t = min(t, time_pass(weights, m, args.reps))  # BLAS again, after the kernel
+            tkh = time_pass([[head]], m, args.reps, kernel_mm(ext))
             line += f"{1e3 * tk:>11.1f}{m * flops_per_row / tk / 1e9:>9.0f}{t / tk:>9.2f}x"
+            line += f"{1e3 * tkh:>11.2f}"
         print(line)
     return 0
 
