@@ -128,18 +128,26 @@ class Feeder(BatchLifecycle):
     async def _load(self, job: J.Job) -> None:
         job.busy = True
         try:
-            job.pending, total = await self.svc.db(
-                J.load_pending, self.svc.store, self.svc.bodies, job.row, self.cfg.max_line_bytes
-            )
-            if job.status == "validating":
-                now = self.now()
-                await self._set(
-                    job, ("validating",), status="in_progress", in_progress_at=now, total=total
+            try:
+                job.pending, total = await self.svc.db(
+                    J.load_pending,
+                    self.svc.store,
+                    self.svc.bodies,
+                    job.row,
+                    self.cfg.max_line_bytes,
                 )
+            except Exception as exc:
+                return await self.fail(job, f"cannot read the batch's input: {exc}")
+            if job.status == "validating":
+                try:
+                    await self._set(
+                        job, ("validating",), status="in_progress", in_progress_at=self.now(),
+                        total=total,
+                    )  # fmt: skip
+                except Exception as exc:
+                    return await self.fail(job, f"cannot record the batch's progress: {exc}")
             job.loaded = True
             log.info("batch %s: %d of %d lines to run", job.id, len(job.pending), total)
-        except Exception as exc:
-            await self.fail(job, f"cannot read the batch's input: {exc}")
         finally:
             job.busy = False
             self._wake.set()

@@ -177,7 +177,8 @@ class BatchStore:
             else:
                 from sqlalchemy.dialects.postgresql import insert
             q = insert(results).values(**row).on_conflict_do_nothing()
-            return c.execute(q).rowcount > 0
+            # RETURNING, not rowcount: psycopg reports -1 for an INSERT ... ON CONFLICT
+            return c.execute(q.returning(results.c.line)).first() is not None
         try:  # other databases: a savepoint per row
             with c.begin_nested():
                 c.execute(results.insert().values(**row))
