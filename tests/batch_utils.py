@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 
+import httpx
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 FINAL = ("completed", "failed", "expired", "cancelled")
 
@@ -64,3 +67,36 @@ def read_jsonl(c: openai.OpenAI, file_id: str | None) -> dict[str, dict]:
     by_id = {x["custom_id"]: x for x in lines}
     assert len(by_id) == len(lines), "a custom_id appears twice"
     return by_id
+
+
+@contextmanager
+def batch_server(built, settings):
+    """`server_utils.running_server`, also yielding the Batch API's service (in this process:
+    tests reach into it to break its store)."""
+    from fastapi import FastAPI
+
+    from tests import server_utils
+
+    made: list[FastAPI] = []
+    real = server_utils.create_app
+
+    def capture(state):
+        made.append(real(state))
+        return made[-1]
+
+    server_utils.create_app = capture
+    try:
+        with server_utils.running_server(built, settings) as (url, state):
+            yield url, state, made[-1].state.batch
+    finally:
+        server_utils.create_app = real
+
+
+def metric(url: str, name: str, **labels) -> float:
+    """The sum of the server's samples of `name` with these labels."""
+    total = 0.0
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total

@@ -11,13 +11,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.batch_utils import (
     chat_line,
     client,
     completion_line,
     jsonl,
+    metric,
     read_jsonl,
     upload,
     wait_status,
@@ -51,16 +51,6 @@ def batch_settings(tmp: Path, **kw) -> ServerSettings:
 def server(built, tmp_path_factory):
     with running_server(built, batch_settings(tmp_path_factory.mktemp("batch"))) as (url, st):
         yield url, st
-
-
-def metric(url: str, name: str, **labels) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    total = 0.0
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
 
 
 def test_a_chat_batch_completes_with_outputs_keyed_by_custom_id(server):
