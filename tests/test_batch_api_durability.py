@@ -20,7 +20,7 @@ from tests.server_utils import free_port
 pytestmark = pytest.mark.model
 N = 500
 KILLS = 5
-FLAGS = ["--kv-cache-gib", "0.1", "--max-num-seqs", "32", "--log-level", "warning"]
+FLAGS = ["--kv-cache-gib", "0.2", "--max-num-seqs", "32", "--log-level", "warning"]
 
 
 @contextmanager
@@ -28,6 +28,7 @@ def server(tmp, log):
     port = free_port()
     cmd = [sys.executable, "-m", "tierserve", "serve", "--port", str(port), *FLAGS]
     cmd += ["--batch-db", str(tmp / "batch.db"), "--files-dir", str(tmp / "files")]
+    cmd += ["--batch-window", "32"]
     with open(log, "a") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

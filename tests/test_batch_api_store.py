@@ -8,6 +8,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -193,3 +194,39 @@ def test_postgresql_store_through_an_sqlalchemy_url(pg_url):
     exercise_store(store)
     again = BatchStore(pg_url)  # a second server on the same database: migrated already
     assert again.get_batch("batch_1")["completed"] == 2
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def serve_settings(*flags):
+    from tierserve.cli import build_parser
+    from tierserve.serve_cli import build_configs, merged_options
+
+    return build_configs(merged_options(build_parser().parse_args(["serve", *flags])))[1]
+
+
+def test_batch_flags(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIERSERVE_CACHE_DIR", str(tmp_path))
+    s = serve_settings()
+    assert s.batch_db == str(tmp_path / "batch" / "batch.db") and s.files_dir is None
+    s = serve_settings("--batch-db", "postgresql+psycopg://u@h/db", "--files-dir", "/x")
+    assert (s.batch_db, s.files_dir) == ("postgresql+psycopg://u@h/db", "/x")
+    assert serve_settings("--batch-db", "off").batch_db is None
+    assert serve_settings("--batch-window", "8").batch_window == 8
+    with pytest.raises(ValueError, match="--batch-window must be at least 1"):
+        serve_settings("--batch-window", "0")
+
+
+def test_run_batch_names_the_bad_line_before_loading_a_model(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(line("a") + "\n" + line("a") + "\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tierserve", "run-batch", "-i", str(src), "-o", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "in.jsonl: line 2: custom_id 'a' is used twice (first on line 1)" in proc.stderr
+    assert not (tmp_path / "o").exists()

@@ -202,6 +202,8 @@ class Feeder(BatchLifecycle):
 
     def _take(self, job: J.Job, item: InputLine, ans: Answer) -> None:
         m = self.svc.metrics
+        if self.jobs.get(job.id) is not job:
+            return  # the batch failed or was dropped meanwhile: nothing to record
         if ans.status == CANCELLED:
             job.pending.appendleft(item)  # not run: it is still to do (or to cancel)
             return

@@ -73,6 +73,8 @@ class BatchLifecycle:
     async def fail(self, job: J.Job, reason: str) -> None:
         """The batch ends `failed` with `reason`; if even that cannot be written (a read-only
         database), the server remembers it and shows the batch failed until it restarts."""
+        if self.jobs.get(job.id) is not job:
+            return  # failed already (its late answers found the store broken too)
         log.error("batch %s failed: %s", job.id, reason)
         job.cancel.set()
         self.jobs.pop(job.id, None)

@@ -43,6 +43,9 @@ async def run_lines(state, lines: list[InputLine], window: int, progress: bool) 
     async def one(i: int, x: InputLine) -> None:
         async with sem:
             ans = await dispatch(state, tenant, x.url, x.body, Priority.P2)
+            while ans.refused:  # a rate limit or a full queue: later, as the server's feeder
+                await asyncio.sleep(min(8.0, ans.retry_after_s or 0.5))
+                ans = await dispatch(state, tenant, x.url, x.body, Priority.P2)
         out[i] = response_line(x.custom_id, ans.status, ans.body)
         bar.update(1)
 
