@@ -202,6 +202,7 @@ def test_bad_input_gets_a_clear_4xx_in_openai_shape(server):
 def test_a_tenant_sees_only_its_own_files_and_batches(server):
     url, _ = server
     alice, bob = client(url, tenant="alice"), client(url, tenant="bob")
+    used = metric(url, "llm_tenant_generation_tokens_total", tenant="alice")
     f = upload(alice, [chat_line("a", "hi")])
     b = alice.batches.create(
         input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -221,6 +222,12 @@ def test_a_tenant_sees_only_its_own_files_and_batches(server):
     assert f.id not in {x.id for x in bob.files.list()}
     b = wait_status(alice, b.id)
     assert b.status == "completed"
+    # usage is counted for the tenant, as for its interactive requests
+    out = read_jsonl(alice, b.output_file_id)["a"]["response"]["body"]["usage"]
+    assert (
+        metric(url, "llm_tenant_generation_tokens_total", tenant="alice") - used
+        == (out["completion_tokens"])
+    )
     assert error_of(lambda: bob.files.content(b.output_file_id)).status_code == 404
     assert alice.files.delete(f.id).deleted
     assert error_of(lambda: alice.files.retrieve(f.id)).status_code == 404

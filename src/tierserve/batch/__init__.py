@@ -7,7 +7,10 @@ for the priority engine, durable in a database across restarts.
     files.py    file bodies on disk; JSONL validation of a batch input file
     objects.py  OpenAI's file and batch objects, output and error lines
     dispatch.py one line through the same handlers (and prepare/admit path) as HTTP requests
-    feeder.py   the bounded window of in-flight lines, retries, expiry, finalization
+    feeder.py   the bounded window of in-flight lines, refusals and retries, the lease
+    lifecycle.py  OpenAI's status machine: expiry, cancel, finalization, failure, at risk
+    jobs.py     a batch being worked on; loading its lines, writing its output files
+    metrics.py  the llm_batch* series
     service.py  what the routes call (database work off the event loop), start and stop
     routes.py   the HTTP routes
     runner.py   `tierserve run-batch -i in.jsonl -o out.jsonl` (vLLM's format)
