@@ -50,6 +50,34 @@ def start(c, lines):
     return c.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="1h")
 
 
+BATCH_ROUTES = [
+    ("POST", "/v1/files"),
+    ("GET", "/v1/files"),
+    ("GET", "/v1/files/file-x"),
+    ("GET", "/v1/files/file-x/content"),
+    ("DELETE", "/v1/files/file-x"),
+    ("POST", "/v1/batches"),
+    ("GET", "/v1/batches"),
+    ("GET", "/v1/batches/batch_x"),
+    ("POST", "/v1/batches/batch_x/cancel"),
+]
+
+
+def test_every_batch_route_needs_the_key(tmp_path):
+    with running_server(fake_built(), settings(tmp_path, api_key="sk-k")) as (url, _):
+        paths = httpx.get(f"{url}/openapi.json").json()["paths"]
+        assert {p for p in paths if p.startswith(("/v1/files", "/v1/batches"))} == {
+            "/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content",
+            "/v1/batches", "/v1/batches/{batch_id}", "/v1/batches/{batch_id}/cancel",
+        }  # fmt: skip
+        for method, path in BATCH_ROUTES:
+            r = httpx.request(method, f"{url}{path}")
+            assert r.status_code == 401, (method, path, r.text)
+            assert r.json()["error"]["type"] == "authentication_error"
+            ok = httpx.request(method, f"{url}{path}", headers={"authorization": "Bearer sk-k"})
+            assert ok.status_code != 401, (method, path)
+
+
 def test_a_read_only_database_fails_the_batch_not_the_server(tmp_path):
     built = fake_built(step_s=0.005)
     with batch_server(built, settings(tmp_path, batch_window=1)) as (url, st, svc):
