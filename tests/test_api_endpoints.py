@@ -140,7 +140,7 @@ def test_api_key_from_the_environment(monkeypatch):
     from tests.test_serve_cli import parse
 
     monkeypatch.setenv("TIERSERVE_API_KEY", KEY)
-    _, settings = parse()
+    _, settings = parse("--batch-db", "off")  # the Batch API's routes: test_batch_api_faults
     assert settings.api_key == KEY
     with running_server(fake_built(), settings) as (url, _):
         _check_auth(url)

@@ -195,6 +195,12 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(engine_args, settings, tenants)
 
 
+def _run_batch(args: argparse.Namespace) -> int:
+    from tierserve.batch.runner import run_batch
+
+    return run_batch(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tierserve",
@@ -211,6 +217,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_serve_arguments(s)
     s.set_defaults(func=_serve)
+
+    rb = sub.add_parser(
+        "run-batch",
+        help="run a batch file (OpenAI's batch JSONL) offline, as vLLM's run-batch",
+        description="Run every request of an OpenAI batch input file through the engine and "
+        "write one output line per request (vLLM's run-batch format), in input order.",
+    )
+    rb.add_argument("-i", "--input-file", required=True, help="the batch input file (JSONL)")
+    rb.add_argument("-o", "--output-file", required=True, help="where to write the results")
+    rb.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_serve_arguments(rb)
+    rb.set_defaults(func=_run_batch)
 
     b = sub.add_parser("bench-kv", help="micro-benchmark the KV cache manager")
     b.add_argument("--num-blocks", type=int, default=100_000)

@@ -141,6 +141,15 @@ OPTIONS = [
     ("--ray-address", str, None, "join this Ray cluster instead of starting a local one"),
     ("--router", str, None, "replica router: priority-aware | least-loaded | ... (cluster)"),
     ("--prefix-margin-tokens", int, None, "router: prefix affinity's load margin (4096)"),
+    (
+        "--batch-db",
+        str,
+        None,
+        "Batch API database: an SQLite path or an SQLAlchemy URL; off: no Batch API "
+        "(default: batch/batch.db in the cache dir)",
+    ),
+    ("--files-dir", str, None, "Batch API file bodies (default: batch/files in the cache dir)"),
+    ("--batch-window", int, None, "Batch API: lines in flight at once, overall and per batch (64)"),
 ]
 SWITCHES = [
     ("--no-prefix-caching", "disable prefix caching"),
@@ -222,6 +231,21 @@ def merged_options(ns: argparse.Namespace) -> dict:
         if v is not None and k not in ("config", "func", "command"):
             opts[k] = v
     return opts
+
+
+def batch_settings(opts: dict) -> dict:
+    """The Batch API's settings: on by default, with its database and files in the cache dir."""
+    from tierserve.paths import cache_dir
+
+    db = opts.get("batch_db") or str(cache_dir() / "batch" / "batch.db")
+    if db.lower() in ("off", "none"):
+        return {"batch_db": None}
+    out = {"batch_db": db, "files_dir": opts.get("files_dir")}
+    if opts.get("batch_window") is not None:
+        if opts["batch_window"] < 1:
+            raise ValueError(f"--batch-window must be at least 1, got {opts['batch_window']}")
+        out["batch_window"] = opts["batch_window"]
+    return out
 
 
 def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
@@ -310,6 +334,7 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
         "chat_template",
     )
     srv_kw = {k: opts[k] for k in server_keys if k in opts}
+    srv_kw.update(batch_settings(opts))
     if srv_kw.get("api_key") is None and os.environ.get(API_KEY_ENV):
         srv_kw["api_key"] = os.environ[API_KEY_ENV]  # the flag (or the config file) wins
     settings = ServerSettings(

@@ -24,6 +24,7 @@ from tierserve.api.openapi import (
     install_openapi,
 )
 from tierserve.api.state import ServerState
+from tierserve.batch.routes import mount_batch
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
@@ -73,9 +74,13 @@ def create_app(state: ServerState) -> FastAPI:
     async def lifespan(app: FastAPI):
         if not state.engine.is_alive():
             state.engine.start()
+        if batch is not None:  # the Batch API's feeder resumes unfinished batches
+            await batch.start()
         yield
         # uvicorn has already waited for (or cut) the open requests: see api/drain.py.
         state.draining = True
+        if batch is not None:
+            await batch.stop()
         state.engine.shutdown()
 
     app = FastAPI(title="tierserve", lifespan=lifespan)
@@ -83,6 +88,7 @@ def create_app(state: ServerState) -> FastAPI:
     for module in (chat_routes, completion_routes, tokenizer_routes):
         app.include_router(module.router)
     app.include_router(tokenizer_routes.open_router)
+    batch = mount_batch(app, state)  # /v1/files, /v1/batches when --batch-db is set
 
     @app.exception_handler(APIError)
     async def _api_error(_req: HTTPRequest, exc: APIError):
@@ -141,7 +147,8 @@ def create_app(state: ServerState) -> FastAPI:
         ]
         return {"object": "list", "data": data}
 
-    app.add_middleware(BodySizeLimit, limit=state.settings.max_request_bytes)
+    uploads = {"/v1/files": batch.cfg.max_file_bytes + (1 << 20)} if batch else None
+    app.add_middleware(BodySizeLimit, limit=state.settings.max_request_bytes, paths=uploads)
     app.add_middleware(InternalErrors)  # outermost of ours: sees what every layer inside raised
     install_openapi(
         app, state.settings.max_request_bytes, state.max_model_len, state.tokenizer.vocab_size

@@ -22,6 +22,7 @@ from tierserve.admission.ttft import SLA_UNREACHABLE
 from tierserve.api.drain import SHUTDOWN_ERROR
 from tierserve.api.errors import APIError
 from tierserve.api.state import Prepared, ServerState
+from tierserve.api.tenancy import SERVED_TIER
 from tierserve.engine.async_engine import AsyncEngine, StreamDelta
 
 log = logging.getLogger("tierserve.api")
@@ -36,6 +37,7 @@ def response_base(state: ServerState, prep: Prepared, model: str | None) -> dict
         "id": prep.request_id,
         "created": int(time.time()),
         "model": model or state.settings.served_model_names[0],
+        "service_tier": SERVED_TIER[prep.resolution.priority],
     }
 
 

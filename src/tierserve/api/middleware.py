@@ -20,15 +20,17 @@ class BodySizeLimit:
     instead: an exception raised inside `receive` would be turned into a 400 by FastAPI's body
     parsing."""
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, paths: dict[str, int] | None = None) -> None:
+        self.app, self.default = app, limit
+        self.paths = dict(paths or {})  # a larger limit for these paths (file uploads)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self.paths.get(scope.get("path", ""), self.default)
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._too_large(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await self._too_large(limit, scope, receive, send)
         seen, over = 0, False
 
         async def limited():
@@ -38,7 +40,7 @@ class BodySizeLimit:
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
-                if seen > self.limit:
+                if seen > limit:
                     over = True
                     return {"type": "http.disconnect"}
             return msg
@@ -53,10 +55,10 @@ class BodySizeLimit:
             if not over:
                 raise
         if over:
-            await self._too_large(scope, receive, send)
+            await self._too_large(limit, scope, receive, send)
 
-    async def _too_large(self, scope, receive, send):
-        err = APIError(413, f"request body exceeds {self.limit} bytes", code="request_too_large")
+    async def _too_large(self, limit, scope, receive, send):
+        err = APIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
         err.headers["Connection"] = "close"  # the rest of the body is not read
         await error_response(err)(scope, receive, send)
 

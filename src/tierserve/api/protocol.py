@@ -12,9 +12,17 @@ schema."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 MAX_N = 8
 MAX_PROMPTS = 256  # prompts in one completions request
@@ -97,6 +105,20 @@ class Common(BaseModel):
     # tierserve extensions
     priority: _Priority | None = None
     sla_latency_ms: Annotated[float, Field(gt=0)] | None = None
+    # OpenAI's: priority -> P0 (within the tenant's entitlement), flex -> P2, auto / default ->
+    # the tenant's default. `priority` and the x-request-tier header win over it.
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
+        None,
+        description="priority: realtime (P0) if the tenant is entitled; flex: batch (P2); "
+        "auto/default: the tenant's default class. The response echoes the tier served.",
+    )
+
+    @model_validator(mode="after")
+    def _service_tier(self):
+        asked = {"flex": 2, "priority": 0}.get(self.service_tier or "")
+        if self.priority is None and asked is not None:
+            self.priority = asked
+        return self
 
     @field_validator("stop")
     @classmethod

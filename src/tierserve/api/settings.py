@@ -17,3 +17,8 @@ class ServerSettings:
     shutdown_grace_s: float = 10.0
     log_level: str = "info"
     chat_template: str | None = None  # a file (or inline Jinja) overriding the model's template
+    # The Batch API (tierserve.batch): its database (a path or an SQLAlchemy URL; None: off),
+    # the folder of file bodies (None: beside the cache), lines in flight at once (None: 64).
+    batch_db: str | None = None
+    files_dir: str | None = None
+    batch_window: int | None = None

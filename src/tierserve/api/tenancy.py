@@ -12,6 +12,8 @@ A tenants file (YAML)::
         share_prefix_cache: false   # default: its own cache salt (its name)
         sla_demote: false           # SLA admission: a late P1/P2 request runs as P3, not 503
         sla_end_early: false        # SLA admission: end a waiting request that became late
+        batch_tier: batch           # its batches' class: batch (P2) or background (P3)
+        batch_limits: {max_queued_tokens: 5000000, max_files: 100, max_bytes: 1000000000}
 
 A requested class above the tenant's entitlement is clamped to the entitlement, never honoured;
 the class actually used is reported in the ``x-tierserve-priority`` response header.
@@ -29,11 +31,26 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field
 
+from tierserve.batch.config import TenantBatchLimits
 from tierserve.config import BucketConfig
 from tierserve.config_file import ConfigFileError, FileModel, read_yaml, validate_file
 from tierserve.priority import Priority, parse_priority
 
 DEFAULT_TENANT = "default"
+# OpenAI's `service_tier` values: the class each asks for (None: the tenant's default), and the
+# value a response echoes for the class it was served in.
+SERVICE_TIERS: dict[str, Priority | None] = {
+    "auto": None,
+    "default": None,
+    "flex": Priority.P2,
+    "priority": Priority.P0,
+}
+SERVED_TIER = {
+    Priority.P0: "priority",
+    Priority.P1: "default",
+    Priority.P2: "flex",
+    Priority.P3: "flex",
+}
 
 
 class AuthError(Exception):
@@ -52,6 +69,12 @@ class RateLimitSpec(FileModel):
     burst: Annotated[float, Field(gt=0)]
 
 
+class BatchLimitsSpec(FileModel):
+    max_queued_tokens: Annotated[int, Field(gt=0)] = TenantBatchLimits.max_queued_tokens
+    max_files: Annotated[int, Field(gt=0)] = TenantBatchLimits.max_files
+    max_bytes: Annotated[int, Field(gt=0)] = TenantBatchLimits.max_bytes
+
+
 class TenantSpec(FileModel):
     keys: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
     max_tier: Tier = Priority.P0
@@ -60,6 +83,8 @@ class TenantSpec(FileModel):
     share_prefix_cache: bool = False
     sla_demote: bool = False
     sla_end_early: bool = False
+    batch_tier: Tier | None = None
+    batch_limits: BatchLimitsSpec | None = None
 
 
 class TenantsFile(FileModel):
@@ -86,6 +111,9 @@ class Tenant:
     # make its SLA runs as best effort (P3); a waiting request that became late is ended early.
     sla_demote: bool = False
     sla_end_early: bool = False
+    # The Batch API: the class of its batches' lines (None: P2) and what it may hold.
+    batch_tier: Priority | None = None
+    batch_limits: TenantBatchLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -129,8 +157,23 @@ class TenantRegistry:
             rl = t.rate_limit
             bucket = BucketConfig(rl.tokens_per_s, rl.burst) if rl else None
             salt = None if t.share_prefix_cache else name
+            if t.batch_tier not in (None, Priority.P2, Priority.P3):
+                raise ConfigFileError(
+                    f"{path}: tenant {name!r}: batch_tier must be batch or background, got "
+                    f"{t.batch_tier.tier}"
+                )
+            bl = t.batch_limits
+            limits = TenantBatchLimits(**bl.model_dump()) if bl else None
             tenants[name] = Tenant(
-                name, t.max_tier, t.default_tier, bucket, salt, t.sla_demote, t.sla_end_early
+                name,
+                t.max_tier,
+                t.default_tier,
+                bucket,
+                salt,
+                t.sla_demote,
+                t.sla_end_early,
+                t.batch_tier,
+                limits,
             )
             for key in t.keys:
                 if key in keys:
