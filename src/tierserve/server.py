@@ -55,7 +55,7 @@ def build_state(
     built = built or build_engine_off_main(args)  # the engine thread's team stays alone
     core = built.engine
     sched = core.scheduler
-    metrics = Metrics(args.priorities, settings.served_model_names[0])
+    metrics = Metrics(args.priorities, settings.served_model_names[0], tenants.tenants)
     engine = AsyncEngine(core, built.tokenizer)
     engine.publish_load = args.admission.sla_admission  # only SLA admission reads it
     # Admission runs on the event loop and reads the engine only through its snapshot.
