@@ -17,6 +17,7 @@ from pydantic import Field, create_model
 
 from tierserve.admission.sla import policy_for_sla_admission
 from tierserve.api.settings import ServerSettings
+from tierserve.api.tenancy import API_KEY_ENV
 from tierserve.config import (
     AdmissionConfig,
     BucketConfig,
@@ -27,8 +28,6 @@ from tierserve.config import (
 from tierserve.config_file import ConfigFileError, FileModel, read_yaml, validate_file
 from tierserve.engine.args import EngineArgs
 from tierserve.priority import parse_priority
-
-API_KEY_ENV = "TIERSERVE_API_KEY"
 
 
 def size(text: str) -> int | float:
@@ -127,6 +126,9 @@ OPTIONS = [
     ("--default-max-tokens", int, None, "max_tokens when a request gives none (512)"),
     ("--max-request-bytes", int, None, "largest accepted request body (4 MiB)"),
     ("--shutdown-grace-s", float, None, "on SIGTERM, seconds for in-flight requests (10)"),
+    ("--header-timeout-s", float, None, "seconds a client has to send a request's headers (10)"),
+    ("--body-timeout-s", float, None, "seconds a client has to send a request's body (60)"),
+    ("--max-connections", int, None, "open connections at most; more get 503 (1024)"),
     ("--seed", int, None, "sampler seed for unseeded requests"),
     (
         "--p0-express",
@@ -305,6 +307,9 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
         "default_max_tokens",
         "max_request_bytes",
         "shutdown_grace_s",
+        "header_timeout_s",
+        "body_timeout_s",
+        "max_connections",
         "log_level",
         "api_key",
         "chat_template",

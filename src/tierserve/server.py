@@ -18,6 +18,7 @@ import uvicorn
 
 from tierserve.admission import AdmissionController
 from tierserve.api.app import create_app
+from tierserve.api.connection import guarded_protocol
 from tierserve.api.drain import FLUSH_S, drain
 from tierserve.api.settings import ServerSettings
 from tierserve.api.state import ServerState
@@ -94,6 +95,21 @@ def build_state(
     )
 
 
+def uvicorn_config(app, settings: ServerSettings) -> uvicorn.Config:
+    """uvicorn's settings for `app`: the address, the slow-client limits (api/connection.py),
+    and a graceful-shutdown timeout later than our own drain's deadline."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        http=guarded_protocol(
+            settings.header_timeout_s, settings.body_timeout_s, settings.max_connections
+        ),
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s + FLUSH_S),
+    )
+
+
 class _Server(uvicorn.Server):
     """uvicorn, draining our way: `drain` runs beside uvicorn's graceful shutdown and ends what
     is left at the grace deadline, before uvicorn's own (later) timeout would cancel it."""
@@ -148,14 +164,7 @@ def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | 
         log.warning("single-tenant mode: no tenants file and no API key; anyone may use any tier")
     else:
         log.info("auth mode: %s (%d tenants)", mode, len(state.tenants.tenants))
-    app = create_app(state)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s + FLUSH_S),
-    )
+    config = uvicorn_config(create_app(state), settings)
     # After its graceful shutdown uvicorn re-raises the signal under the handler installed
     # before it: make that a no-op, so that the exit status is the one returned here.
     for sig in (signal.SIGTERM, signal.SIGINT):

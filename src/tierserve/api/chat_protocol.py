@@ -89,9 +89,11 @@ class ChatMessage(BaseModel):
         return self.content
 
     def for_template(self) -> dict:
-        """The message as transformers' templates read it: text content; tool calls with
-        their arguments as objects (what tool-use templates expect), not JSON text."""
-        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        """The message as transformers' templates read it, normalised as vLLM normalises it:
+        `content` always present, as text ("" for none: an assistant turn that only calls
+        tools, as every agent's second turn sends it); tool calls with their arguments as
+        objects (what tool-use templates expect), not JSON text."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text() or ""}
         for key in ("name", "tool_call_id", "reasoning_content"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)

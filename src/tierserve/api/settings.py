@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
+DEFAULT_MAX_CONNECTIONS = 1024
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -17,3 +21,8 @@ class ServerSettings:
     shutdown_grace_s: float = 10.0
     log_level: str = "info"
     chat_template: str | None = None  # a file (or inline Jinja) overriding the model's template
+    # Slow clients (api/connection.py): deadlines for a request's headers and body, and a cap
+    # on open connections.
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS

@@ -23,6 +23,7 @@ file, the tenant and the field.
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -64,6 +65,20 @@ class TenantSpec(FileModel):
 
 class TenantsFile(FileModel):
     tenants: Annotated[dict[str, TenantSpec], Field(min_length=1)]
+
+
+API_KEY_ENV = "TIERSERVE_API_KEY"
+
+
+def key_problem(key: str) -> str | None:
+    """Why a configured key could never match an `Authorization: Bearer` header, or None."""
+    if key != key.strip():
+        return "has spaces or tabs around it (the header's value is stripped)"
+    if not key.isascii():
+        return "has non-ASCII characters (an HTTP header cannot carry them)"
+    if not key.isprintable():
+        return "has control characters (an HTTP header cannot carry them)"
+    return None
 
 
 def _where(loc: tuple) -> str:
@@ -111,6 +126,9 @@ class TenantRegistry:
 
     @classmethod
     def single_key(cls, api_key: str) -> TenantRegistry:
+        problem = key_problem(api_key)
+        if problem:
+            raise ValueError(f"the API key (--api-key or ${API_KEY_ENV}) {problem}")
         t = Tenant(DEFAULT_TENANT)
         return cls({t.name: t}, {api_key: t.name}, "single-key")
 
@@ -133,6 +151,9 @@ class TenantRegistry:
                 name, t.max_tier, t.default_tier, bucket, salt, t.sla_demote, t.sla_end_early
             )
             for key in t.keys:
+                problem = key_problem(key)
+                if problem:  # it would load, and never authenticate anyone
+                    raise ConfigFileError(f"{path}: tenant {name!r}: a key {problem}")
                 if key in keys:
                     raise ConfigFileError(
                         f"{path}: tenant {name!r}: key {key[:6]}... is already given to "
@@ -147,7 +168,11 @@ class TenantRegistry:
             return self.tenants.get(name) or Tenant(name, cache_salt=name)
         if not authorization or not authorization.lower().startswith("bearer "):
             raise AuthError("missing API key: send `Authorization: Bearer <key>`")
-        name = self.keys.get(authorization[7:].strip())
+        given = authorization[7:].strip().encode("latin-1", "replace")
+        name = None
+        for key, tenant in self.keys.items():  # constant time per key: no timing oracle
+            if hmac.compare_digest(key.encode(), given):
+                name = tenant
         if name is None:
             raise AuthError("invalid API key")
         return self.tenants[name]
