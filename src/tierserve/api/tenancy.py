@@ -194,3 +194,12 @@ class TenantRegistry:
         wanted = tenant.default_priority if requested is None else requested
         actual = max(wanted, tenant.max_priority)  # larger number = less urgent
         return Resolution(tenant, Priority(actual), requested, actual != wanted)
+
+
+def tenant_registry(settings) -> TenantRegistry:
+    """The server's tenants: its tenants file, its one API key, or open (`ServerSettings`)."""
+    if settings.tenants_file:
+        return TenantRegistry.from_yaml(settings.tenants_file)
+    if settings.api_key:
+        return TenantRegistry.single_key(settings.api_key)
+    return TenantRegistry.open()
