@@ -179,3 +179,29 @@ def test_keys_are_compared_in_constant_time(tmp_path, monkeypatch):
 def test_an_open_server_still_answers_json_errors_only(url):
     r = httpx.post(f"{url}/v1/completions", content=b"{", headers={"content-type": "x/y"})
     assert r.status_code == 400 and json.loads(r.text)["error"]
+
+
+@pytest.mark.parametrize(
+    ("schema", "refused"),
+    [
+        (RECURSIVE, True),
+        (TREE, False),
+        ({"type": "object", "properties": {"me": {"$ref": "#"}}, "required": ["me"]}, True),
+        ({"type": ["object", "null"], "properties": {"me": {"$ref": "#"}},
+          "required": ["me"]}, False),
+        ({"$defs": {"a": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/a"}}},
+          "$ref": "#/$defs/a"}, True),
+        ({"$defs": {"a": {"type": "array", "items": {"$ref": "#/$defs/a"}}},
+          "$ref": "#/$defs/a"}, False),
+        ({"type": "strin"}, False),  # not ours to judge: the engine names it (a 400 too)
+        ({"anyOf": [{"type": "string"}] * 1001}, True),
+    ],
+)  # fmt: skip
+def test_schema_limits_refuse_only_what_certainly_breaks(schema, refused):
+    from tierserve.grammar.schema_check import SchemaLimitError, check_schema
+
+    if refused:
+        with pytest.raises(SchemaLimitError):
+            check_schema(schema)
+    else:
+        check_schema(schema)

@@ -24,8 +24,6 @@ MAX_ALTERNATIVES = 1000
 MAX_NODES = 10_000
 MAX_DEPTH = 64
 
-_SCALARS = frozenset({"string", "number", "integer", "boolean", "null"})
-
 
 class SchemaLimitError(ValueError):
     """The schema is beyond a limit, or has no finite value (the message says which)."""
@@ -120,7 +118,7 @@ def _finite(node: Any, finite: dict[str, bool]) -> bool:
         return False
     types = node.get("type")
     types = set(types) if isinstance(types, list) else {types}
-    if types & _SCALARS or types == {None}:
+    if types - {"object", "array"}:  # a scalar, no type, or one the engine will judge
         return True
     if "object" in types and _object_finite(node, finite):
         return True
