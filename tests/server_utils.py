@@ -15,7 +15,7 @@ from tierserve.api.app import create_app
 from tierserve.api.settings import ServerSettings
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.builder import BuiltEngine
-from tierserve.server import build_state
+from tierserve.server import build_state, uvicorn_config
 
 
 def free_port() -> int:
@@ -33,9 +33,8 @@ def running_server(built: BuiltEngine, settings: ServerSettings | None = None, *
         args = replace(args, admission=replace(args.admission, **admission))
     settings = replace(settings or ServerSettings(), port=free_port())
     state = build_state(args, settings, built)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(state), host="127.0.0.1", port=settings.port, log_level="warning")
-    )
+    settings = replace(settings, log_level="warning")
+    server = uvicorn.Server(uvicorn_config(create_app(state), settings))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{settings.port}"

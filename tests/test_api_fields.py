@@ -74,7 +74,7 @@ SAMPLES = {
     ("frequency_penalty", "completions"): {"frequency_penalty": -1.0},
     ("repetition_penalty", "chat"): {"extra_body": {"repetition_penalty": 1.2}},
     ("logit_bias", "completions"): {"logit_bias": {"5": 10}},
-    ("min_tokens", "chat"): {"extra_body": {"min_tokens": 3}},
+    ("min_tokens", "chat"): {"extra_body": {"min_tokens": 2}},  # at most max_tokens (2)
     ("stop_token_ids", "completions"): {"extra_body": {"stop_token_ids": [5]}},
     ("skip_special_tokens", "chat"): {"extra_body": {"skip_special_tokens": False}},
     ("response_format", "chat"): {"response_format": {"type": "json_object"}},

@@ -95,3 +95,46 @@ def test_auto_with_a_strict_tool_allows_text_or_calls_with_valid_arguments(accep
         assert accepts(spec, wrap(GOOD)), fmt
         assert not accepts(spec, wrap(BAD_ARGS)), fmt  # the strict tool's schema holds
         assert accepts(spec, wrap(call("get_time", {"anything": [1, 2]}))), fmt  # not strict
+
+
+# A tool schema as pydantic writes it (issue 23): nested models under `$defs`, and a recursive
+# one. Embedded in a call's schema, its "#/$defs/..." pointers must still find their targets.
+ORDER = ToolDef(
+    "place_order",
+    {
+        "type": "object",
+        "properties": {
+            "item": {"$ref": "#/$defs/Item"},
+            "folder": {"$ref": "#/$defs/Folder"},
+        },
+        "required": ["item", "folder"],
+        "additionalProperties": False,
+        "$defs": {
+            "Item": {
+                "type": "object",
+                "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
+                "required": ["sku", "qty"],
+                "additionalProperties": False,
+            },
+            "Folder": {
+                "type": "object",
+                "properties": {"sub": {"type": "array", "items": {"$ref": "#/$defs/Folder"}}},
+                "required": ["sub"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    strict=True,
+)
+ORDER_OK = call("place_order", {"item": {"sku": "a1", "qty": 2}, "folder": {"sub": [{"sub": []}]}})
+ORDER_BAD = call("place_order", {"item": {"sku": "a1", "qty": "two"}, "folder": {"sub": []}})
+
+
+@pytest.mark.parametrize("fmt", ["json", "hermes"])
+def test_tool_schemas_with_their_own_defs_keep_their_references(accepts, fmt):
+    wrap = hermes if fmt == "hermes" else (lambda c: f"[{c}]")
+    for spec in (forced_calls([ORDER, TIME], fmt, many=True), strict_auto([ORDER, TIME], fmt)):
+        assert accepts(spec, wrap(ORDER_OK)), spec.source[:200]
+        assert not accepts(spec, wrap(ORDER_BAD))
+    one = forced_calls([ORDER], fmt, many=False)
+    assert accepts(one, hermes(ORDER_OK) if fmt == "hermes" else ORDER_OK)

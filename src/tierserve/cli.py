@@ -173,10 +173,10 @@ def _fidelity(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from tierserve.api.tenancy import tenant_registry
     from tierserve.chat.template import load_chat_template
     from tierserve.cluster.launch import cluster_options
-    from tierserve.serve_cli import build_configs, merged_options
-    from tierserve.server import serve, tenant_registry
+    from tierserve.serve_cli import NOTES, build_configs, merged_options
 
     try:  # every settings file is read and checked before the model loads
         opts = merged_options(args)
@@ -188,10 +188,14 @@ def _serve(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         print(f"tierserve serve: {exc}", file=sys.stderr)
         return 2
+    for note in opts[NOTES]:
+        print(f"tierserve serve: {note}", file=sys.stderr)
     if cluster is not None:  # --replicas / --ray-address: Ray Serve (tierserve.cluster)
         from tierserve.cluster.launch import serve_cluster
 
         return serve_cluster(engine_args, settings, cluster)
+    from tierserve.server import serve  # torch: only once the settings are known to be good
+
     return serve(engine_args, settings, tenants)
 
 
@@ -202,10 +206,13 @@ def _run_batch(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import tierserve
+
     p = argparse.ArgumentParser(
         prog="tierserve",
         description="LLM inference server with multi-level priority scheduling.",
     )
+    p.add_argument("--version", action="version", version=f"tierserve {tierserve.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     from tierserve.serve_cli import add_serve_arguments
@@ -322,8 +329,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The (sub)parser of the command given, for its usage line."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(args, action.dest, None)
+            if name in action.choices:
+                return _command_parser(action.choices[name], args)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from tierserve.serve_vllm import unknown_flag_message
+
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # the command's own usage, and the closest flag it has
+        sub = _command_parser(parser, args)
+        sub.print_usage(sys.stderr)
+        print(f"{sub.prog}: error: {unknown_flag_message(sub, extras)}", file=sys.stderr)
+        return 2
     return args.func(args)
 
 

@@ -48,8 +48,9 @@ class LLM:
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
-        if prompt and isinstance(prompt[0], dict):
-            return self.chat.encode(self.chat.render(prompt))
+        if prompt and isinstance(prompt[0], dict):  # content always present, as in the API
+            messages = [{**m, "content": m.get("content") or ""} for m in prompt]
+            return self.chat.encode(self.chat.render(messages))
         return list(prompt)
 
     def generate(

@@ -57,6 +57,8 @@ class SamplingParams:
             bad(f"min_p must lie in [0, 1], got {self.min_p}")
         if self.min_tokens < 0:
             bad(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.min_tokens > self.max_tokens:
+            bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 bad(f"{name} must lie in [-2, 2], got {getattr(self, name)}")

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, create_model
 
 from tierserve.admission.sla import policy_for_sla_admission
 from tierserve.api.settings import ServerSettings
+from tierserve.api.tenancy import API_KEY_ENV
 from tierserve.config import (
     AdmissionConfig,
     BucketConfig,
@@ -25,10 +25,19 @@ from tierserve.config import (
     PriorityConfig,
 )
 from tierserve.config_file import ConfigFileError, FileModel, read_yaml, validate_file
+from tierserve.cpu_threads import parse_threads
 from tierserve.engine.args import EngineArgs
 from tierserve.priority import parse_priority
+from tierserve.serve_model import check_model_source, served_name
+from tierserve.serve_vllm import (
+    VLLM_OPTIONS,
+    VLLM_SWITCHES,
+    add_vllm_arguments,
+    apply_vllm_options,
+    check_policy_name,
+)
 
-API_KEY_ENV = "TIERSERVE_API_KEY"
+NOTES = "_notes"  # merged_options' key for the lines to log at start
 
 
 def size(text: str) -> int | float:
@@ -53,7 +62,20 @@ def on_off(text) -> bool:
 # (flag, type, nargs, help); every default is None so that the config file can fill it in.
 OPTIONS = [
     ("--model", str, None, "GGUF file or Hugging Face folder (default: embedded SmolLM2-135M)"),
-    ("--served-model-name", str, "+", "name(s) clients use in `model` (default: the model's)"),
+    (
+        "--served-model-name",
+        str,
+        "+",
+        "name(s) clients use in `model` (default: the file or folder name, without a GGUF "
+        "quantization tag such as .Q4_1)",
+    ),
+    (
+        "--cpu-threads",
+        str,
+        None,
+        "CPU threads of the engine: N, or auto (default: the CPUs not busy with other "
+        "processes at start)",
+    ),
     ("--host", str, None, "address to listen on (default 127.0.0.1)"),
     ("--port", int, None, "port (default 8000)"),
     ("--device", str, None, "cpu or cuda (default: cuda if present)"),
@@ -127,6 +149,9 @@ OPTIONS = [
     ("--default-max-tokens", int, None, "max_tokens when a request gives none (512)"),
     ("--max-request-bytes", int, None, "largest accepted request body (4 MiB)"),
     ("--shutdown-grace-s", float, None, "on SIGTERM, seconds for in-flight requests (10)"),
+    ("--header-timeout-s", float, None, "seconds a client has to send a request's headers (10)"),
+    ("--body-timeout-s", float, None, "seconds a client has to send a request's body (60)"),
+    ("--max-connections", int, None, "open connections at most; more get 503 (1024)"),
     ("--seed", int, None, "sampler seed for unseeded requests"),
     (
         "--p0-express",
@@ -185,6 +210,8 @@ ServeConfigFile = create_model(
     __base__=FileModel,
     **{_setting_name(f): (_file_type(t, n), None) for f, t, n, _ in OPTIONS},
     **{_setting_name(f): (bool, None) for f, _ in SWITCHES},
+    **{_setting_name(f): (_file_type(t, None), None) for f, t, _ in VLLM_OPTIONS},
+    **{_setting_name(f): (bool, None) for f, _ in VLLM_SWITCHES},
 )
 
 
@@ -203,6 +230,7 @@ def read_config_file(path: str) -> dict:
         named[key] = v
     cfg = validate_file(ServeConfigFile, named, path, lambda loc: f"setting {loc[0]!r}")
     types = {_setting_name(f[0]): (f[1], f[2]) for f in OPTIONS}
+    types |= {_setting_name(f): (t, None) for f, t, _ in VLLM_OPTIONS}
     opts: dict = {}
     for key in cfg.model_fields_set:
         v = getattr(cfg, key)
@@ -223,13 +251,19 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, type=typ, nargs=nargs, default=None, help=text)
     for flag, text in SWITCHES:
         p.add_argument(flag, action="store_true", default=None, help=text)
+    add_vllm_arguments(p)
 
 
 def merged_options(ns: argparse.Namespace) -> dict:
+    """Flags over the config file, vLLM's names turned into ours (`NOTES`: what to log at
+    start), and what can be checked before the model loads."""
     opts = read_config_file(ns.config) if ns.config else {}
     for k, v in vars(ns).items():
         if v is not None and k not in ("config", "func", "command"):
             opts[k] = v
+    opts[NOTES] = apply_vllm_options(opts)
+    check_policy_name(opts.get("policy"))
+    check_model_source(opts.get("model"))
     return opts
 
 
@@ -308,6 +342,7 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
         )
         if k in opts
     }
+    eng_kw["cpu_threads"] = parse_threads(opts.get("cpu_threads"))
     policy = PolicyConfig(**pol_kw)
     args = EngineArgs(
         **eng_kw,
@@ -318,17 +353,16 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
         priorities=PriorityConfig(**prio_kw),
         admission=AdmissionConfig(**adm_kw),
     )
-    from tierserve.model.loader import DEFAULT_MODEL_NAME  # imports torch: only when serving
-
-    names = opts.get("served_model_name") or [
-        Path(opts["model"]).stem if opts.get("model") else DEFAULT_MODEL_NAME
-    ]
+    names = opts.get("served_model_name") or [served_name(opts.get("model"))]
     server_keys = (
         "host",
         "port",
         "default_max_tokens",
         "max_request_bytes",
         "shutdown_grace_s",
+        "header_timeout_s",
+        "body_timeout_s",
+        "max_connections",
         "log_level",
         "api_key",
         "chat_template",

@@ -13,36 +13,34 @@ import logging
 import math
 import os
 import signal
+from dataclasses import replace
+from functools import partial
 
 import uvicorn
 
 from tierserve.admission import AdmissionController
 from tierserve.api.app import create_app
+from tierserve.api.connection import guarded_protocol
 from tierserve.api.drain import FLUSH_S, drain
 from tierserve.api.settings import ServerSettings
 from tierserve.api.state import ServerState
-from tierserve.api.tenancy import TenantRegistry
+from tierserve.api.tenancy import TenantRegistry, tenant_registry
 from tierserve.chat.prompt import ChatPrompter
 from tierserve.chat.template import load_chat_template
+from tierserve.cpu_threads import ThreadChoice, choose_threads
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.async_engine import AsyncEngine
-from tierserve.engine.builder import BuiltEngine, build_engine_off_main
+from tierserve.engine.builder import BuiltEngine, build_engine_off_main, engine_thread_start
 from tierserve.engine.load import LateRequestCheck
 from tierserve.memory import fix_mmap_threshold
 from tierserve.metrics import Metrics
+from tierserve.model.loader import ModelNotFound
 from tierserve.request import Request
 
 log = logging.getLogger("tierserve.server")
 
 EXIT_REQUESTS_CUT = 3  # the grace period ended with requests still running
-
-
-def tenant_registry(settings: ServerSettings) -> TenantRegistry:
-    if settings.tenants_file:
-        return TenantRegistry.from_yaml(settings.tenants_file)
-    if settings.api_key:
-        return TenantRegistry.single_key(settings.api_key)
-    return TenantRegistry.open()
+EXIT_BAD_SETTINGS = 2  # as for every settings error found before the model loads
 
 
 def build_state(
@@ -55,7 +53,7 @@ def build_state(
     built = built or build_engine_off_main(args)  # the engine thread's team stays alone
     core = built.engine
     sched = core.scheduler
-    metrics = Metrics(args.priorities, settings.served_model_names[0])
+    metrics = Metrics(args.priorities, settings.served_model_names[0], tenants.tenants)
     engine = AsyncEngine(core, built.tokenizer)
     engine.publish_load = args.admission.sla_admission  # only SLA admission reads it
     # Admission runs on the event loop and reads the engine only through its snapshot.
@@ -76,6 +74,7 @@ def build_state(
             metrics.on_preempted(prio, reason)
 
     engine.set_observers(on_event, on_step, metrics.on_snapshot, metrics.on_tokens)
+    engine.on_thread_start = partial(engine_thread_start, args.cpu_threads)
     adm = args.admission
     if adm.sla_admission:  # the re-check of waiting requests, on the engine thread
         engine.recheck = LateRequestCheck(args.priorities, adm.sla_margin, adm.sla_recheck_s)
@@ -91,6 +90,38 @@ def build_state(
         max_model_len=sched.config.max_model_len,
         eos_token_ids=built.model_config.eos_token_ids,
         chat=ChatPrompter(built.tokenizer, template),
+    )
+
+
+def startup_line(state: ServerState, args: EngineArgs, threads: ThreadChoice) -> str:
+    """What is being served, in one line: model, architecture, dtype, context, KV cache,
+    threads."""
+    core = state.engine.core
+    cache = core.scheduler.kv.config
+    executor = core.executor
+    model = getattr(executor, "model", None)
+    dtype = str(getattr(model, "dtype", "?")).removeprefix("torch.")
+    arch = getattr(getattr(model, "config", None), "architecture", "?")
+    source = args.model or "the embedded model"
+    return (
+        f"serving {state.settings.served_model_names[0]} ({source}): architecture {arch}, "
+        f"dtype {dtype}, context {state.max_model_len} tokens, KV cache {cache.num_blocks} "
+        f"blocks of {cache.block_size} tokens, {threads.describe()}"
+    )
+
+
+def uvicorn_config(app, settings: ServerSettings) -> uvicorn.Config:
+    """uvicorn's settings for `app`: the address, the slow-client limits (api/connection.py),
+    and a graceful-shutdown timeout later than our own drain's deadline."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        http=guarded_protocol(
+            settings.header_timeout_s, settings.body_timeout_s, settings.max_connections
+        ),
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s + FLUSH_S),
     )
 
 
@@ -140,7 +171,16 @@ def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | 
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
     _memory_settings()
-    state = build_state(args, settings, tenants=tenants)
+    threads = choose_threads(args.cpu_threads)
+    if threads.warning():
+        log.warning("%s", threads.warning())
+    args = replace(args, cpu_threads=threads.threads)
+    try:
+        state = build_state(args, settings, tenants=tenants)
+    except ModelNotFound as exc:  # found missing only now (e.g. the embedded model's package)
+        log.error("%s", exc)
+        return EXIT_BAD_SETTINGS
+    log.info("%s", startup_line(state, args, threads))
     mode = state.tenants.mode
     if settings.tenants_file and settings.api_key:
         log.warning("--api-key (or $TIERSERVE_API_KEY) is ignored: the tenants file has the keys")
@@ -148,14 +188,7 @@ def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | 
         log.warning("single-tenant mode: no tenants file and no API key; anyone may use any tier")
     else:
         log.info("auth mode: %s (%d tenants)", mode, len(state.tenants.tenants))
-    app = create_app(state)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s + FLUSH_S),
-    )
+    config = uvicorn_config(create_app(state), settings)
     # After its graceful shutdown uvicorn re-raises the signal under the handler installed
     # before it: make that a no-op, so that the exit status is the one returned here.
     for sig in (signal.SIGTERM, signal.SIGINT):

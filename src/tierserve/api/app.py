@@ -57,8 +57,10 @@ def _http_error(req: HTTPRequest, exc: HTTPException) -> APIError:
         msg = f"method not allowed: {where} (allowed: {(exc.headers or {}).get('Allow', '?')})"
     elif exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
         msg = f"the request body is not valid UTF-8: {exc.__cause__}"
+    elif exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+        msg = "the JSON body is nested too deeply to be read"
     elif exc.status_code == 400 and exc.__cause__ is not None:
-        msg = f"the request body could not be read: {exc.__cause__!r}"
+        msg = "the request body could not be read as JSON"
     else:
         msg = str(exc.detail)
     return APIError(

@@ -13,6 +13,9 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from tierserve.api.protocol import BODY, AtLeast1, Common, Text, _int
 
 MAX_TOOLS = 128
+# More messages than this is refused by the schema, before each is validated (pydantic stops
+# at the limit): 100,000 messages cost the event loop 0.9 s to validate otherwise.
+MAX_MESSAGES = 2048
 _FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
@@ -89,9 +92,11 @@ class ChatMessage(BaseModel):
         return self.content
 
     def for_template(self) -> dict:
-        """The message as transformers' templates read it: text content; tool calls with
-        their arguments as objects (what tool-use templates expect), not JSON text."""
-        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        """The message as transformers' templates read it, normalised as vLLM normalises it:
+        `content` always present, as text ("" for none: an assistant turn that only calls
+        tools, as every agent's second turn sends it); tool calls with their arguments as
+        objects (what tool-use templates expect), not JSON text."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text() or ""}
         for key in ("name", "tool_call_id", "reasoning_content"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -188,7 +193,7 @@ class TemplateInputs(BaseModel):
 
 
 class ChatCompletionRequest(Common, TemplateInputs):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: AtLeast1 | None = None
     max_completion_tokens: AtLeast1 | None = None
     logprobs: bool = False

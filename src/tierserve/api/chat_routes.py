@@ -22,6 +22,7 @@ from tierserve.api.generation import (
 )
 from tierserve.api.logprobs import chat_logprobs
 from tierserve.api.openapi import COMPLETION_RESPONSES
+from tierserve.api.prompts import OffLoopRoute, off_loop
 from tierserve.api.sampling import chat_grammar
 from tierserve.api.state import ServerState, prepare
 from tierserve.api.unsupported import refuse_unsupported
@@ -29,7 +30,7 @@ from tierserve.chat.template import ChatTemplateError
 from tierserve.chat.tool_parser import ParsedCall, ToolCallParser, parse_tool_calls
 from tierserve.engine.async_engine import StreamDelta
 
-router = APIRouter(dependencies=[Depends(authenticated)])
+router = APIRouter(dependencies=[Depends(authenticated)], route_class=OffLoopRoute)
 
 
 def render_messages(state: ServerState, body, add_generation_prompt: bool) -> str:
@@ -45,6 +46,21 @@ def render_messages(state: ServerState, body, add_generation_prompt: bool) -> st
         )
     except ChatTemplateError as exc:
         raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from None
+
+
+async def chat_prompt_ids(state: ServerState, body, add_special_tokens: bool = False) -> list[int]:
+    """The conversation's prompt token ids: bounded first (api/prompts.py), then rendered and
+    tokenized off the event loop."""
+    state.bounds.check_messages(body.messages)
+
+    def work() -> list[int]:
+        text = render_messages(state, body, body.add_generation_prompt)
+        state.bounds.check_chars(len(text), "the rendered conversation", "messages")
+        if add_special_tokens:
+            return state.tokenizer.encode(text, add_special_tokens=True)
+        return state.chat.encode(text)
+
+    return await off_loop(work)
 
 
 def _tool_call(call: ParsedCall) -> dict:
@@ -101,8 +117,7 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     refuse_unsupported(body, "chat")
     template = state.chat.template
     grammar = chat_grammar(body, template.source if template else None)
-    text = render_messages(state, body, body.add_generation_prompt)
-    prompt_ids = state.chat.encode(text)
+    prompt_ids = await chat_prompt_ids(state, body)
     if not prompt_ids:
         raise APIError(
             400, "the chat template renders these messages as no tokens", param="messages"

@@ -18,18 +18,19 @@ from tierserve.api.generation import (
 )
 from tierserve.api.logprobs import completion_logprobs
 from tierserve.api.openapi import COMPLETION_RESPONSES
+from tierserve.api.prompts import OffLoopRoute, off_loop
 from tierserve.api.protocol import CompletionRequest
 from tierserve.api.state import ServerState, prepare
 from tierserve.api.unsupported import refuse_unsupported
 from tierserve.engine.async_engine import StreamDelta
 
-router = APIRouter(dependencies=[Depends(authenticated)])
+router = APIRouter(dependencies=[Depends(authenticated)], route_class=OffLoopRoute)
 
 
 def _prompt_ids(state: ServerState, prompt: str | list[int], i: int, many: bool) -> list[int]:
     which = f"prompt {i}" if many else "the prompt"
     if isinstance(prompt, str):
-        ids = state.tokenizer.encode(prompt)
+        ids = state.tokenizer.encode(prompt)  # bounded by the caller, off the event loop
         if not ids:
             raise APIError(400, f"{which} encodes to no tokens", param="prompt")
         return ids
@@ -44,7 +45,11 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
     state = server_state(http)
     refuse_unsupported(body, "completions")
     texts = body.prompts()
-    prompts = [_prompt_ids(state, p, i, len(texts) > 1) for i, p in enumerate(texts)]
+    many = len(texts) > 1
+    for i, p in enumerate(texts):  # before any tokenizing: no text past the context's bound
+        if isinstance(p, str):
+            state.bounds.check_chars(len(p), f"prompt {i}" if many else "the prompt", "prompt")
+    prompts = await off_loop(lambda: [_prompt_ids(state, p, i, many) for i, p in enumerate(texts)])
     prep = prepare(state, http, body, prompts, body.max_tokens, "cmpl", param="prompt")
     if isinstance(prep, JSONResponse):
         return prep

@@ -8,6 +8,7 @@ from tierserve.api.errors import APIError
 from tierserve.api.protocol import Common
 from tierserve.grammar import GrammarSpec
 from tierserve.grammar.engine import GrammarError, validate
+from tierserve.grammar.schema_check import SchemaLimitError, check_schema
 from tierserve.grammar.tools import ToolDef, forced_calls, strict_auto, template_format
 from tierserve.sampling_params import SamplingParams
 
@@ -82,7 +83,16 @@ def _response_format(body) -> GrammarSpec | None:
         raise APIError(
             400, "response_format json_schema needs json_schema.schema", param="response_format"
         )
+    _check_schema(fmt.json_schema.json_schema, "response_format", "response_format")
     return GrammarSpec.json_schema(fmt.json_schema.json_schema)
+
+
+def _check_schema(schema, where: str, param: str) -> None:
+    """A 400 naming the limit for a schema the grammar engine could only fail on later."""
+    try:
+        check_schema(schema)
+    except SchemaLimitError as exc:
+        raise APIError(400, f"{where}: {exc}", param=param) from None
 
 
 def _tools_grammar(body, template_source: str | None) -> GrammarSpec | None:
@@ -92,12 +102,16 @@ def _tools_grammar(body, template_source: str | None) -> GrammarSpec | None:
     tools = [
         ToolDef(t.function.name, t.function.parameters, bool(t.function.strict)) for t in body.tools
     ]
+    named = choice is not None and choice not in ("auto", "required")
+    for i, t in enumerate(tools):  # the schemas the grammar will hold the calls to
+        used = t.strict if choice in (None, "auto") else not named or t.name == choice.function.name
+        if used and t.parameters is not None:
+            _check_schema(t.parameters, f"tools[{i}].function.parameters", "tools")
     fmt = template_format(template_source)
     if choice == "required":
         return forced_calls(tools, fmt, many=body.parallel_tool_calls)
-    if choice is not None and choice != "auto":  # a named function
-        named = [t for t in tools if t.name == choice.function.name]
-        return forced_calls(named, fmt, many=False)
+    if named:
+        return forced_calls([t for t in tools if t.name == choice.function.name], fmt, many=False)
     return strict_auto(tools, fmt)
 
 

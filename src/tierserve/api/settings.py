@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
+DEFAULT_MAX_CONNECTIONS = 1024
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -22,3 +26,8 @@ class ServerSettings:
     batch_db: str | None = None
     files_dir: str | None = None
     batch_window: int | None = None
+    # Slow clients (api/connection.py): deadlines for a request's headers and body, and a cap
+    # on open connections.
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS

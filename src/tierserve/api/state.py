@@ -15,6 +15,7 @@ from tierserve.admission import AdmissionController
 from tierserve.admission.ttft import SLA_DEMOTED
 from tierserve.api.auth import request_tenant
 from tierserve.api.errors import APIError, admission_response
+from tierserve.api.prompts import PromptBounds
 from tierserve.api.protocol import Common
 from tierserve.api.sampling import check_token_ids, sampling_params
 from tierserve.api.settings import ServerSettings
@@ -41,6 +42,11 @@ class ServerState:
     chat: ChatPrompter
     draining: bool = False
     started: float = field(default_factory=time.time)
+    bounds: PromptBounds | None = None  # derived from the tokenizer and the context
+
+    def __post_init__(self) -> None:
+        if self.bounds is None:
+            self.bounds = PromptBounds(self.tokenizer, self.max_model_len)
 
 
 @dataclass

@@ -25,6 +25,7 @@ file, the tenant and the field.
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -91,6 +92,20 @@ class TenantsFile(FileModel):
     tenants: Annotated[dict[str, TenantSpec], Field(min_length=1)]
 
 
+API_KEY_ENV = "TIERSERVE_API_KEY"
+
+
+def key_problem(key: str) -> str | None:
+    """Why a configured key could never match an `Authorization: Bearer` header, or None."""
+    if key != key.strip():
+        return "has spaces or tabs around it (the header's value is stripped)"
+    if not key.isascii():
+        return "has non-ASCII characters (an HTTP header cannot carry them)"
+    if not key.isprintable():
+        return "has control characters (an HTTP header cannot carry them)"
+    return None
+
+
 def _where(loc: tuple) -> str:
     """('tenants', 'acme', 'rate_limit', 'burst') -> "tenant 'acme', field 'rate_limit.burst'"."""
     if len(loc) >= 3 and loc[0] == "tenants":
@@ -139,6 +154,9 @@ class TenantRegistry:
 
     @classmethod
     def single_key(cls, api_key: str) -> TenantRegistry:
+        problem = key_problem(api_key)
+        if problem:
+            raise ValueError(f"the API key (--api-key or ${API_KEY_ENV}) {problem}")
         t = Tenant(DEFAULT_TENANT)
         return cls({t.name: t}, {api_key: t.name}, "single-key")
 
@@ -176,6 +194,9 @@ class TenantRegistry:
                 limits,
             )
             for key in t.keys:
+                problem = key_problem(key)
+                if problem:  # it would load, and never authenticate anyone
+                    raise ConfigFileError(f"{path}: tenant {name!r}: a key {problem}")
                 if key in keys:
                     raise ConfigFileError(
                         f"{path}: tenant {name!r}: key {key[:6]}... is already given to "
@@ -190,7 +211,11 @@ class TenantRegistry:
             return self.tenants.get(name) or Tenant(name, cache_salt=name)
         if not authorization or not authorization.lower().startswith("bearer "):
             raise AuthError("missing API key: send `Authorization: Bearer <key>`")
-        name = self.keys.get(authorization[7:].strip())
+        given = authorization[7:].strip().encode("latin-1", "replace")
+        name = None
+        for key, tenant in self.keys.items():  # constant time per key: no timing oracle
+            if hmac.compare_digest(key.encode(), given):
+                name = tenant
         if name is None:
             raise AuthError("invalid API key")
         return self.tenants[name]
@@ -212,3 +237,12 @@ class TenantRegistry:
         wanted = tenant.default_priority if requested is None else requested
         actual = max(wanted, tenant.max_priority)  # larger number = less urgent
         return Resolution(tenant, Priority(actual), requested, actual != wanted)
+
+
+def tenant_registry(settings) -> TenantRegistry:
+    """The server's tenants: its tenants file, its one API key, or open (`ServerSettings`)."""
+    if settings.tenants_file:
+        return TenantRegistry.from_yaml(settings.tenants_file)
+    if settings.api_key:
+        return TenantRegistry.single_key(settings.api_key)
+    return TenantRegistry.open()

@@ -14,22 +14,25 @@ from pydantic import BaseModel, Field, model_validator
 
 import tierserve
 from tierserve.api.auth import authenticated
-from tierserve.api.chat_protocol import ChatMessage, TemplateInputs
-from tierserve.api.chat_routes import render_messages
+from tierserve.api.chat_protocol import MAX_MESSAGES, ChatMessage, TemplateInputs
+from tierserve.api.chat_routes import chat_prompt_ids
 from tierserve.api.errors import APIError
 from tierserve.api.generation import server_state
 from tierserve.api.openapi import TOKENIZER_RESPONSES
+from tierserve.api.prompts import OffLoopRoute, off_loop
 from tierserve.api.protocol import BODY, NonNegative
 from tierserve.api.state import check_model
 
-router = APIRouter(dependencies=[Depends(authenticated)])
+router = APIRouter(dependencies=[Depends(authenticated)], route_class=OffLoopRoute)
 open_router = APIRouter()
 
 
 class TokenizeRequest(TemplateInputs):
     model: str | None = None
     prompt: str | None = None
-    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = (
+        None
+    )
     add_special_tokens: bool | None = Field(
         None, description="default: true for a prompt, false for messages"
     )
@@ -79,11 +82,11 @@ async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> TokenizeResponse
     state = server_state(http)
     check_model(state, body.model)
     if body.messages is not None:
-        text = render_messages(state, body, body.add_generation_prompt)
-        ids = state.tokenizer.encode(text, add_special_tokens=bool(body.add_special_tokens))
+        ids = await chat_prompt_ids(state, body, add_special_tokens=bool(body.add_special_tokens))
     else:
         add = body.add_special_tokens is not False
-        ids = state.tokenizer.encode(body.prompt, add_special_tokens=add)
+        state.bounds.check_chars(len(body.prompt), "the prompt", "prompt")
+        ids = await off_loop(state.tokenizer.encode, body.prompt, add)
     strs = [state.tokenizer.tokenizer.id_to_token(t) for t in ids]
     return TokenizeResponse(
         count=len(ids),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -182,8 +183,33 @@ class ChatTemplate:
                 **(variables or {}),
             )
         except Exception as exc:  # the template, run on this conversation, refused or failed
-            raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
+            raise ChatTemplateError(_explain(exc)) from None
         return text if final is None else _cut_after_final(text, final)
+
+
+_MISSING_ATTR = re.compile(r"has no attribute '([^']*)'|^'([^']*)' is undefined")
+
+
+def _explain(exc: Exception) -> str:
+    """What went wrong, in the request's terms (never a Python type name or repr)."""
+    if isinstance(exc, jinja2.exceptions.UndefinedError):
+        m = _MISSING_ATTR.search(str(exc))
+        name = (m.group(1) or m.group(2)) if m else None
+        if name is None:
+            return "the chat template reads a value these messages do not have"
+        if m.group(1) is not None:
+            return (
+                f"the chat template reads a field {name!r} that a message (or tool, or "
+                "document) of this request does not have"
+            )
+        return f"the chat template needs a variable {name!r} (give it in chat_template_kwargs)"
+    if isinstance(exc, jinja2.exceptions.SecurityError):
+        return f"the chat template tried something its sandbox forbids: {exc}"
+    if isinstance(exc, RecursionError):
+        return "the conversation is nested too deeply for the chat template"
+    if type(exc) is jinja2.exceptions.TemplateError:  # raise_exception: the template's words
+        return str(exc)
+    return f"the chat template could not render these messages: {exc}"
 
 
 def _without_nulls(message: dict) -> dict:

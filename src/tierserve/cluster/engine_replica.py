@@ -37,6 +37,7 @@ from tierserve.engine.async_engine import AsyncEngine, EngineDeadError, StreamDe
 from tierserve.engine.builder import build_engine_off_main
 from tierserve.engine.snapshot import EngineSnapshot
 from tierserve.metrics import Metrics
+from tierserve.metrics.recorder import DEFAULT_MODEL_NAME
 from tierserve.request import Request
 from tierserve.routing import ReplicaStats, replica_stats
 
@@ -55,7 +56,13 @@ class _Report:
 
 class EngineReplica:
     async def __init__(
-        self, args: EngineArgs, board: Any, report_period_s: float = 0.25, threads: int = 1
+        self,
+        args: EngineArgs,
+        board: Any,
+        report_period_s: float = 0.25,
+        threads: int = 1,
+        model_name: str = DEFAULT_MODEL_NAME,
+        tenants: tuple[str, ...] = (),
     ) -> None:
         import torch
 
@@ -63,13 +70,15 @@ class EngineReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.built = built = build_engine_off_main(args)  # see its docstring
         core = built.engine
-        self.metrics = Metrics(args.priorities)
+        self.metrics = Metrics(args.priorities, model_name, tenants)  # the served name
         self.window = ClassWindow(args.priorities.ttft_sla_s)  # engine thread only
         self.engine = AsyncEngine(core, built.tokenizer)
         self.engine.publish_load = False  # no SLA admission behind a cluster ingress (yet)
         self._last_stats = 0.0  # engine thread only
         self._make_report(self.engine.snapshot)
-        self.engine.set_observers(self._on_event, self._on_step, self._on_snapshot)
+        self.engine.set_observers(
+            self._on_event, self._on_step, self._on_snapshot, self.metrics.on_tokens
+        )  # on_tokens: TTFT, inter-token latency, prompt tokens, as in the single server
         self.engine.start()
         self._board = board
         self._period = report_period_s
@@ -81,7 +90,6 @@ class EngineReplica:
         if kind == "added":
             self.window.on_added(req.request_id, req.base_priority, req.arrival_time)
         elif kind == "first_token":
-            self.metrics.on_first_token(req)
             t = req.first_token_time
             self.window.on_first_token(req.request_id, req.base_priority, t - req.arrival_time, t)
         elif kind == "finished":

@@ -42,6 +42,22 @@ from tierserve.server import tenant_registry
 log = logging.getLogger("tierserve.cluster")
 
 
+class DropResponseHeader:
+    """ASGI middleware: responses leave without the header `name`."""
+
+    def __init__(self, app, name: bytes) -> None:
+        self.app, self.name = app, name.lower()
+
+    async def __call__(self, scope, receive, send):
+        async def without(msg):
+            if msg["type"] == "http.response.start":
+                headers = [(k, v) for k, v in msg.get("headers", ()) if k.lower() != self.name]
+                msg = {**msg, "headers": headers}
+            await send(msg)
+
+        return await self.app(scope, receive, without if scope["type"] == "http" else send)
+
+
 def is_replica_failure(exc: BaseException) -> bool:
     """A stream broke because its replica's process is gone or unreachable."""
     return isinstance(exc, RayActorError | ActorDiedError | ActorUnavailableError)
@@ -117,7 +133,11 @@ class Ingress:
         self._poller = asyncio.get_running_loop().create_task(self._poll())
 
     def __serve_build_asgi_app__(self):
-        return create_app(self.state)
+        app = create_app(self.state)
+        # Serve's proxy sets x-request-id (its own id) on every response: ours would be a
+        # second one. The body's `id` stays tierserve's.
+        app.add_middleware(DropResponseHeader, name=b"x-request-id")
+        return app
 
     async def _refresh(self) -> None:
         view = FleetView.from_dict(await self._board.view.remote())

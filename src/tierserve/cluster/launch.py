@@ -7,6 +7,14 @@ lets the class-aware autoscaler move the engine count between N and M.
 
 A local Ray (no ``--ray-address``) runs on loopback in a fresh temp dir, without the dashboard,
 and is shut down on exit.
+
+Shutdown (SIGTERM or SIGINT): Serve's graceful shutdown, bounded by the grace period, then
+Ray's, then the temp dir goes. Ray's own processes share the server's process group, so a
+signal sent to the group (systemd's, ``kill -- -PGID``) reaches them too and Serve's controller
+dies first: ``serve.shutdown()`` would then wait 30 s for it, and Ray's raylet, shutting down
+meanwhile, would end this process before its cleanup (a temp dir left behind). So Serve's
+shutdown runs on a helper thread, skipped or abandoned as soon as any of Ray's processes has
+exited, and Ray is stopped at once after it.
 """
 
 from __future__ import annotations
@@ -17,8 +25,10 @@ import math
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 
 from tierserve.api.settings import ServerSettings
@@ -29,6 +39,7 @@ from tierserve.routing import ROUTER_NAMES
 log = logging.getLogger("tierserve.cluster")
 
 APP_NAME = "tierserve"
+SHUTDOWN_POLL_S = 0.2  # how often draining replicas (and the shutdown here) look again
 
 
 @dataclass(frozen=True)
@@ -133,6 +144,7 @@ def build_app(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions):
         health_check_period_s=opts.health_check_period_s,
         health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=settings.shutdown_grace_s,
+        graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S,
         **_scaling(opts),
     )
     ingress = serve.deployment(Ingress).options(
@@ -141,10 +153,15 @@ def build_app(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions):
         max_ongoing_requests=100_000,
         ray_actor_options={"num_cpus": 0},
         graceful_shutdown_timeout_s=settings.shutdown_grace_s,
+        graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S,
     )
     b = board.bind()
     threads = max(1, math.floor(opts.replica_cpus))
-    e = engine.bind(args, b, opts.report_period_s, threads)
+    from tierserve.api.tenancy import tenant_registry
+
+    tenants = tuple(tenant_registry(settings).tenants)  # the metrics' tenant labels
+    model_name = settings.served_model_names[0]
+    e = engine.bind(args, b, opts.report_period_s, threads, model_name, tenants)
     return ingress.bind(e, b, args, settings, opts.ingress_replicas, opts.report_period_s)
 
 
@@ -184,7 +201,6 @@ def deploy(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions) -> 
 
 def serve_cluster(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions) -> int:
     import ray
-    from ray import serve
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
@@ -204,10 +220,77 @@ def serve_cluster(args: EngineArgs, settings: ServerSettings, opts: ClusterOptio
             opts.router,
         )
         stop.wait()
-        log.info("shutting down")
-        serve.shutdown()
+        log.info("shutting down (grace period %.0f s)", settings.shutdown_grace_s)
+        shutdown_serve(settings.shutdown_grace_s)
     finally:
-        ray.shutdown()
-        if temp_dir:
-            shutil.rmtree(temp_dir, ignore_errors=True)
+        going_down = _ray_going_down()
+        stop_ray(ray, temp_dir, going_down)
+    if going_down:
+        # Ray's driver side outlives its processes here, and its finalizers would wait for
+        # them, or crash, at interpreter exit: everything is stopped and removed, so leave now.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
+
+
+def _ray_going_down() -> bool:
+    """Whether any process of this driver's local Ray has exited: a signal sent to the process
+    group reaches them too (its dashboard and log monitor exit at once, its workers, Serve's
+    controller among them, too, and its raylet ~10 s later). False for a joined cluster."""
+    try:
+        from ray._private import worker
+
+        node = worker._global_node
+        return node is not None and bool(node.dead_processes())
+    except Exception:  # Ray's internals moved: assume alive, the grace period still bounds
+        return False
+
+
+def shutdown_serve(grace_s: float) -> None:
+    """`serve.shutdown()`, waited for while Serve's controller answers and for at most the
+    grace period (plus a little for Serve's own steps). Without a controller it would wait 30 s,
+    and Ray's raylet, shutting down too, would then end this process before its cleanup."""
+    from ray import serve
+
+    done = threading.Thread(target=serve.shutdown, name="serve-shutdown", daemon=True)
+    deadline = time.monotonic() + grace_s + 2.0
+    time.sleep(SHUTDOWN_POLL_S)  # the same signal, if sent to the group, reaches Ray now
+    if not _ray_going_down():
+        done.start()
+    while done.is_alive() and time.monotonic() < deadline:
+        done.join(SHUTDOWN_POLL_S)
+        if _ray_going_down():
+            break
+    if _ray_going_down():
+        log.warning("Ray's processes got the signal too: stopping Ray without Serve's drain")
+    if done.is_alive():
+        log.warning("Serve did not shut down within the grace period: stopping Ray")
+
+
+def stop_ray(ray, temp_dir: str | None, going_down: bool = False) -> None:
+    """Ray down, and its temp dir (a local Ray's) removed once nothing writes to it.
+    `going_down`: its processes got the signal (their raylet drains for ~10 s, and the driver's
+    disconnect would wait for it): they are stopped first, with nothing left to drain."""
+    if going_down:
+        try:
+            from ray._private import worker
+
+            worker._global_node.kill_all_processes(check_alive=False, allow_graceful=False)
+        except Exception as exc:
+            log.warning("stopping Ray's processes: %r", exc)
+            going_down = False
+    if not going_down:  # (its driver side would wait seconds for the killed raylet)
+        try:
+            ray.shutdown()
+        except Exception as exc:  # already dead: nothing more to stop
+            log.warning("ray.shutdown: %r", exc)
+    if not temp_dir:
+        return
+    for _ in range(20):  # a process Ray stopped may still be closing its logs
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if not os.path.exists(temp_dir):
+            return
+        time.sleep(0.1)
+    log.warning("could not remove Ray's temp dir %s", temp_dir)

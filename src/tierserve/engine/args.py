@@ -35,6 +35,10 @@ class EngineArgs:
     # None: "exclusive" on the CPU, "decode" on CUDA (see SchedulerConfig.p0_express).
     p0_express: str | None = None
     seed: int | None = None
+    # Threads of the engine's parallel regions (torch/OpenMP), set on the thread that builds the
+    # engine and on the one that steps it. None: torch's default (`tierserve serve` resolves
+    # its `--cpu-threads auto` to a number first: cpu_threads.py).
+    cpu_threads: int | None = None
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     priorities: PriorityConfig = field(default_factory=PriorityConfig)
@@ -46,5 +50,7 @@ class EngineArgs:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
         if self.swap_space_gib is not None and self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must not be negative, got {self.swap_space_gib}")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be at least 1, got {self.cpu_threads}")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

@@ -93,6 +93,7 @@ class AsyncEngine:
         # whether snapshots carry the TTFT predictor's load (O(waiting) each: SLA admission).
         self.recheck: LateRequestCheck | None = None
         self.publish_load = True
+        self.on_thread_start: Callable[[], None] | None = None  # first, on the engine thread
         self.heartbeat = time.monotonic()
         self.error: BaseException | None = None
         # Hand-over between submit() and a crashing engine thread: a request is either queued
@@ -205,6 +206,8 @@ class AsyncEngine:
     # -- the engine thread ------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            if self.on_thread_start is not None:
+                self.on_thread_start()
             while True:
                 self.heartbeat = time.monotonic()
                 news = self._drain_commands()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from tierserve.model.llama import LlamaModel
 from tierserve.model.loader import load_model
 from tierserve.model.tokenizer import ChatTokenizer
 
+log = logging.getLogger("tierserve.engine")
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -35,7 +38,37 @@ class BuiltEngine:
     args: EngineArgs
 
 
+def bind_threads(threads: int | None) -> None:
+    """Set this thread's OpenMP team size (torch's intra-op threads). Teams are per thread: it
+    must run on the thread that builds the engine (loading and the kernels' probe run parallel
+    regions) and on the one that steps it; None keeps torch's default."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def engine_thread_start(threads: int | None) -> None:
+    """Run first on the engine thread (AsyncEngine.on_thread_start): its team, logged."""
+    bind_threads(threads)
+    log.info("engine thread: %d CPU thread(s)", torch.get_num_threads())
+
+
+def context_length(requested: int | None, model_max: int) -> int:
+    """The served context: the model's, or `requested` below it; above it, clamped (logged)."""
+    if requested is None:
+        return model_max
+    if requested > model_max:
+        log.warning(
+            "--max-model-len %d is above the model's context of %d tokens: clamped to %d",
+            requested,
+            model_max,
+            model_max,
+        )
+        return model_max
+    return requested
+
+
 def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
+    bind_threads(args.cpu_threads)
     loaded = load_model(args.model)
     device = args.device or default_device()
     dtype = _DTYPES[args.dtype] if args.dtype else default_dtype(device)
@@ -54,10 +87,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         measure=args.measure_costs,
         tokenizer=loaded.tokenizer,
     )
-    max_len = min(
-        args.max_model_len or loaded.config.max_position_embeddings,
-        loaded.config.max_position_embeddings,
-    )
+    max_len = context_length(args.max_model_len, loaded.config.max_position_embeddings)
     engine = EngineCore.build(
         executor,
         clock or WallClock(),

@@ -21,6 +21,9 @@ import llguidance
 from tierserve.grammar.spec import GrammarSpec
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# The engine's defaults, but errors without its parser state and grammar text: a message may
+# reach a client, and must not carry engine internals.
+LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 
 
 class GrammarError(ValueError):
@@ -41,7 +44,9 @@ def grammar_text(spec: GrammarSpec) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _check(spec: GrammarSpec) -> str:
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar_text(spec))
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+        grammar_text(spec), limits=LIMITS
+    )
     return messages[0] if is_error else ""
 
 
@@ -62,7 +67,7 @@ class GrammarEngine:
 
     def matcher(self, spec: GrammarSpec) -> llguidance.LLMatcher:
         """A fresh matcher for `spec`; raises GrammarError."""
-        m = llguidance.LLMatcher(self.tokenizer, grammar_text(spec), log_level=0)
+        m = llguidance.LLMatcher(self.tokenizer, grammar_text(spec), log_level=0, limits=LIMITS)
         if m.is_error():
             raise GrammarError(m.get_error())
         return m

@@ -40,7 +40,7 @@ class GrammarMatchers:
         except GrammarError as exc:
             return f"grammar: {exc}"
         if output and not m.consume_tokens(output):
-            return f"grammar: the output so far does not match: {m.get_error()}"
+            return f"grammar: the output so far does not match: {_reason(m)}"
         self._matchers[rid] = m
         return None
 
@@ -60,4 +60,10 @@ class GrammarMatchers:
         m = self._matchers[rid]
         if m.consume_token(token):
             return None
-        return f"grammar: token {token} refused: {m.get_error()}"
+        return f"grammar: the answer could not continue under the requested format: {_reason(m)}"
+
+
+def _reason(m) -> str:
+    """The engine's one-line reason (its first line: no parser state, no grammar text)."""
+    lines = (m.get_error() or "").strip().splitlines()
+    return lines[0] if lines else "the grammar engine stopped"

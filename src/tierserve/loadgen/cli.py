@@ -108,9 +108,10 @@ def add_serve_bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--lengths",
-        choices=["sim", "cpu"],
-        default="sim",
-        help="per-class lengths: the simulator's, or ~10x shorter for CPUs",
+        choices=["auto", "sim", "cpu"],
+        default="auto",
+        help="per-class lengths: the simulator's, ~10x shorter for CPUs, or auto (default): "
+        "cpu when one timed request shows the simulator's would not fit a level",
     )
     g.add_argument("--length-scale", type=float, default=1.0, help="scale every length")
     g.add_argument(

@@ -24,7 +24,14 @@ from tierserve.loadgen.report import fmt, pct, results_doc, run_entry, write_mar
 from tierserve.loadgen.report import write_results as _write_results
 from tierserve.loadgen.runner import Control, run_level
 from tierserve.loadgen.scenarios import flood_summary, run_flood
-from tierserve.loadgen.workload import Gaps
+from tierserve.loadgen.sizing import (
+    PROBE_OUTPUT_TOKENS,
+    PROBE_PROMPT_TOKENS,
+    choose_lengths,
+    sample_warnings,
+    speed_of,
+)
+from tierserve.loadgen.workload import Gaps, RequestSpec
 from tierserve.priority import Priority
 
 PROG = "tierserve bench serve"
@@ -129,6 +136,8 @@ class Session:
         p = self.plan
         ep = await resolve_model(http, p.endpoint)
         self.plan.config["model"] = ep.model
+        if p.lengths_auto:
+            await self._choose_lengths(http, ep)
         if p.flood is not None:
             return await self._flood(http, ep)
         for i, level in enumerate(p.levels):
@@ -143,7 +152,29 @@ class Session:
             res = await run_level(
                 level, source.next, send, p.limits, self.control, clock, gaps, self.progress
             )
-            _print_run(self.add(res), level.label)
+            run = self.add(res)
+            _print_run(run, level.label)
+            self.warn(run, level.label)
+
+    def warn(self, run: dict, title: str) -> None:
+        """Too few measured requests in a class: said now, and kept in the results."""
+        run["warnings"] = sample_warnings(run, self.plan.workload.mix, title)
+        for w in run["warnings"]:
+            _say(f"warning: {w}")
+        self.write()
+
+    async def _choose_lengths(self, http: httpx.AsyncClient, ep: client.Endpoint) -> None:
+        """`--lengths auto`: one short request, timed, decides (not measured, not recorded)."""
+        p, clock = self.plan, _clock()
+        text = p.prompts.make(PROBE_PROMPT_TOKENS, 0, "lengths-probe")
+        spec = RequestSpec(0, Priority.P1, text, PROBE_PROMPT_TOKENS, PROBE_OUTPUT_TOKENS)
+        rec = client.RequestRecord(0, 1, clock(), PROBE_PROMPT_TOKENS, PROBE_OUTPUT_TOKENS)
+        await client.send(http, ep, spec, rec, clock)
+        lim = p.limits
+        window = None if lim.duration_s is None else lim.duration_s - lim.warmup_s
+        preset, why = choose_lengths(speed_of(rec), window)
+        p.use_lengths(preset, p.config["length_scale"], why)
+        _say(f"lengths {preset}: {why}")
 
     async def _flood(self, http: httpx.AsyncClient, ep: client.Endpoint) -> None:
         p = self.plan
@@ -166,7 +197,8 @@ class Session:
             p.flood, p0_spec, p3_spec, make_send, self.control, _clock, self.progress
         )
         for res, name in zip(phases, ("idle", "flood"), strict=False):
-            _print_run(self.add(res, phase=name), f"flood scenario, {name} phase")
+            run = self.add(res, phase=name)
+            _print_run(run, f"flood scenario, {name} phase")
         self.flood = flood_summary(p.flood, phases, p.ttft_sla, p.tpot_slo)
         f = self.flood
         print(

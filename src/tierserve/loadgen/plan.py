@@ -34,6 +34,17 @@ class Plan:
     arrival: str
     gamma_cv: float
     config: dict
+    lengths_auto: bool = False  # `--lengths auto`: chosen from a probe before the first level
+
+    def use_lengths(self, preset: str, args_scale: float, why: str) -> None:
+        """Settle `--lengths auto` on `preset` (the fixed overrides keep applying)."""
+        cfg = self.config
+        classes = class_specs(preset, args_scale, cfg["prompt_len"], cfg["output_len"])
+        self.workload = replace(self.workload, classes=classes)
+        cfg["lengths"] = cfg["lengths"].replace("auto", f"auto: {preset}", 1)
+        cfg["lengths_reason"] = why
+        cfg["classes"] = _class_table(self.workload)
+        self.lengths_auto = False
 
     def source(self, level: int, mix: tuple | None = None, seed_offset: int = 0):
         """A fresh request source: the same seeded sequence at every level (text seeded per
@@ -101,6 +112,11 @@ def _limits(args) -> Limits:
     )
 
 
+def _dataset_free(args) -> bool:
+    """Lengths matter only when they are drawn: not for a dataset, nor when all are fixed."""
+    return args.dataset == ["random"] and not (args.prompt_len and args.output_len)
+
+
 def _dataset(args):
     kind, *rest = args.dataset
     if kind == "random" and not rest:
@@ -147,6 +163,13 @@ def _flood(args, limits: Limits) -> FloodOptions | None:
     )
 
 
+def _class_table(workload: WorkloadConfig) -> dict:
+    return {
+        Priority(p).label: {"prompt": asdict(c.prompt), "output": asdict(c.output)}
+        for p, c in workload.classes.items()
+    }
+
+
 def _config(args, plan: Plan) -> dict:
     """What results.json records about the run (everything needed to repeat it)."""
     ep, limits = plan.endpoint, plan.limits
@@ -163,10 +186,10 @@ def _config(args, plan: Plan) -> dict:
         "seed": args.seed,
         "mix": list(plan.workload.mix),
         "lengths": lengths,
-        "classes": {
-            Priority(p).label: {"prompt": asdict(c.prompt), "output": asdict(c.output)}
-            for p, c in plan.workload.classes.items()
-        },
+        "length_scale": args.length_scale,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "classes": _class_table(plan.workload),
         "dataset": args.dataset,
         "arrival": "closed" if not args.request_rate else args.arrival,
         "gamma_cv": args.gamma_cv,
@@ -182,7 +205,8 @@ def build_plan(args: argparse.Namespace, tokenizer_loader) -> Plan:
     """`tokenizer_loader(path)` gives the PromptMaker (injected, so tests can pass a small one);
     it is called last, after every cheap check."""
     ep, levels, limits = _endpoint(args), _levels(args), _limits(args)
-    classes = class_specs(args.lengths, args.length_scale, args.prompt_len, args.output_len)
+    preset = "sim" if args.lengths == "auto" else args.lengths  # auto: settled by a probe
+    classes = class_specs(preset, args.length_scale, args.prompt_len, args.output_len)
     workload = WorkloadConfig(mix=tuple(m / 100 for m in args.mix), classes=classes, seed=args.seed)
     plan = Plan(
         endpoint=ep,
@@ -197,6 +221,7 @@ def build_plan(args: argparse.Namespace, tokenizer_loader) -> Plan:
         arrival=args.arrival,
         gamma_cv=args.gamma_cv,
         config={},
+        lengths_auto=args.lengths == "auto" and _dataset_free(args),
     )
     plan.config = _config(args, plan)
     plan.prompts = tokenizer_loader(args.tokenizer)

@@ -17,6 +17,11 @@ def _plt():
     return plt
 
 
+def _no_data(ax) -> None:
+    """Say so in a panel with nothing to draw, rather than leave it blank."""
+    ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="0.4")
+
+
 def load_of(run: dict) -> float | None:
     return run["request_rate"] if run.get("request_rate") is not None else run.get("concurrency")
 
@@ -36,6 +41,8 @@ def ttft_cdf(titles: list[str], ttfts: list[dict[str, list[float]]], path: Path)
             if v:
                 ys = [(i + 1) / len(v) for i in range(len(v))]
                 ax.step(v, ys, where="post", label=cls, color=f"C{k}")
+        if not any(by_class.get(cls) for cls in CLASSES):
+            _no_data(ax)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("TTFT (s)")
         ax.grid(True, alpha=0.3)
@@ -57,6 +64,8 @@ def ttft_p95_vs_load(series: dict[str, list[dict]], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.8), sharex=True, sharey=True)
     xlabel = load_axis([r for runs in pts.values() for r in runs])
     for ax, cls in zip(axes, CLASSES, strict=True):
+        if all(r["classes"][cls]["ttft_p95_s"] is None for runs in pts.values() for r in runs):
+            _no_data(ax)
         for name, runs in pts.items():
             runs = sorted(runs, key=load_of)
             ys = [r["classes"][cls]["ttft_p95_s"] for r in runs]

@@ -140,7 +140,11 @@ def write_markdown(doc: dict, path: Path, plots: list[Path]) -> None:
         lines += [f"**{doc['status'].upper()}**: {doc['message']} (partial results)", ""]
     if doc.get("flood"):
         lines += ["## Flood scenario", "", *flood_lines(doc["flood"]), ""]
+    if cfg.get("lengths_reason"):
+        lines += [f"Lengths chosen by `--lengths auto`: {cfg['lengths_reason']}.", ""]
     for run in doc["runs"]:
-        lines += [f"## {run_title(run)}", "", *run_tables(run), ""]
+        lines += [f"## {run_title(run)}", ""]
+        lines += [f"**Warning:** {w}" for w in run.get("warnings") or ()]
+        lines += ["", *run_tables(run), ""] if run.get("warnings") else [*run_tables(run), ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots]
     path.write_text("\n".join(lines) + "\n")

@@ -80,6 +80,18 @@ class Families:
         self.prefix_hits = own(
             Counter, "llm_prefix_cache_hits", "Prompt tokens found in the prefix cache", p
         )
+        # The seed's two ratio gauges, over a sliding window (metrics/window.py); the counters
+        # above and llm_sla_met / llm_sla_requests let rate() take any other window.
+        self.hit_rate = own(
+            Gauge, "llm_kv_cache_hit_rate",
+            "Prefix-cache hit rate: prompt tokens found / looked up over the last 60 s", p,
+        )  # fmt: skip
+        self.sla_attainment = own(
+            Gauge, "llm_sla_attainment",
+            "Requests ended in the last 60 s whose TTFT met the class SLA, as a share of those "
+            "ended (1 when none ended; always 1 for a class without an SLA)",
+            ("priority", "tier"),
+        )  # fmt: skip
         # -- llm_*: requests -------------------------------------------------------------------
         self.wait = own(
             Histogram, "llm_scheduler_wait_seconds", "Queue time: arrival to first scheduled",

@@ -3,10 +3,17 @@
 Each server owns one (no process globals); every layer reports through it, none depends on it
 for logic. Request events and step stats arrive on the engine thread, rejections on the event
 loop; prometheus_client's metrics are thread-safe, and the little state kept here (the last
-token time of each running request, the last prefix-cache totals) is engine-thread only.
+token time of each running request, the last prefix-cache totals, the sliding windows of the
+hit-rate and SLA gauges) is engine-thread only.
+
+Label values never come from unauthenticated input: the `tenant` label is a tenant the server
+was configured with (a tenants file's names, or "default"), and any other name (an open
+server's `x-tenant-id`) is counted under "other", so no client can grow the series.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from prometheus_client import generate_latest
 
@@ -14,22 +21,34 @@ from tierserve.config import PriorityConfig
 from tierserve.engine.core import StepStats
 from tierserve.engine.snapshot import EngineSnapshot
 from tierserve.metrics.families import PARTITIONS, Families
+from tierserve.metrics.window import DEFAULT_WINDOW_S, WindowRatio
 from tierserve.priority import ALL_PRIORITIES, NUM_PRIORITIES, Priority
 from tierserve.request import Request
 
 DEFAULT_MODEL_NAME = "tierserve"
+DEFAULT_TENANT = "default"
+OTHER_TENANT = "other"  # every tenant the server was not configured with
 
 
 class Metrics:
     def __init__(
-        self, priorities: PriorityConfig | None = None, model_name: str = DEFAULT_MODEL_NAME
+        self,
+        priorities: PriorityConfig | None = None,
+        model_name: str = DEFAULT_MODEL_NAME,
+        tenants: Iterable[str] = (),
+        window_s: float = DEFAULT_WINDOW_S,
     ) -> None:
+        """`tenants`: the configured tenant names, the only `tenant` label values besides
+        "default" and "other"; `window_s`: the sliding window of the ratio gauges."""
         self.priorities = priorities or PriorityConfig()
         self.model_name = model_name
+        self.tenants = frozenset({DEFAULT_TENANT, *tenants})
         f = self.f = Families(model_name)
         self.registry = f.registry
         self._last_token: dict[str, float] = {}  # engine thread only
         self._prefix_seen = ([0] * NUM_PRIORITIES, [0] * NUM_PRIORITIES)
+        self._hits = [WindowRatio(window_s) for _ in ALL_PRIORITIES]  # engine thread only
+        self._sla_window = [WindowRatio(window_s, empty=1.0) for _ in ALL_PRIORITIES]
         # Make every labelled series visible from the start, at zero.
         for q in ALL_PRIORITIES:
             for fam in (f.queue_depth, f.running, f.waiting, f.prefix_queries, f.prefix_hits):
@@ -37,6 +56,8 @@ class Metrics:
             f.sla_met.labels(q.label, q.tier)
             f.sla_total.labels(q.label, q.tier)
             f.sla_ended.labels(q.label)
+            f.hit_rate.labels(q.label)
+            f.sla_attainment.labels(q.label, q.tier).set(1.0)
         for part in PARTITIONS:
             for state in ("used", "free"):
                 f.kv_blocks.labels(part, state)
@@ -85,8 +106,9 @@ class Metrics:
         f.finished.labels(label, reason).inc()
         f.tokens_out.labels(label).inc(out)
         f.v_generation.labels().inc(out)
-        f.tenant_in.labels(req.tenant).inc(req.num_prompt_tokens)
-        f.tenant_out.labels(req.tenant).inc(out)
+        tenant = req.tenant if req.tenant in self.tenants else OTHER_TENANT
+        f.tenant_in.labels(tenant).inc(req.num_prompt_tokens)
+        f.tenant_out.labels(tenant).inc(out)
         if reason in ("stop", "length", "abort"):
             f.v_success.labels(reason).inc()
         f.prompt_hist.labels(label).observe(req.num_prompt_tokens)
@@ -115,8 +137,13 @@ class Metrics:
         if sla is None or req.finish_reason is None:
             return
         self.f.sla_total.labels(p.label, p.tier).inc()
-        if req.first_token_time is not None and req.first_token_time - req.arrival_time <= sla:
+        first = req.first_token_time
+        met = first is not None and first - req.arrival_time <= sla
+        if met:
             self.f.sla_met.labels(p.label, p.tier).inc()
+        now = req.finished_time if req.finished_time is not None else req.arrival_time
+        self._sla_window[p].add(now, float(met), 1.0)
+        self.f.sla_attainment.labels(p.label, p.tier).set(self._sla_window[p].value(now))
 
     def on_ended_late(self, req: Request) -> None:
         """The SLA re-check ended a waiting request (engine thread)."""
@@ -149,7 +176,8 @@ class Metrics:
         f.v_running.labels().set(snap.num_running)
         f.v_waiting.labels().set(sum(snap.waiting))
         f.swapped.labels().set(snap.swapped)
-        self._prefix_counters(kv.prefix_queries, kv.prefix_hits)
+        self._prefix_counters(kv.prefix_queries, kv.prefix_hits, snap.taken_at)
+        self._window_gauges(snap.taken_at)
         part = kv.partitions
         f.kv_blocks.labels("floor", "used").set(part.floor_used)
         f.kv_blocks.labels("floor", "free").set(part.floor - part.floor_used)
@@ -161,10 +189,18 @@ class Metrics:
         f.kv_usage.labels().set(kv.usage)
         f.v_kv_usage.labels().set(kv.usage)
 
-    def _prefix_counters(self, queries: tuple[int, ...], hits: tuple[int, ...]) -> None:
+    def _window_gauges(self, now: float) -> None:
+        """The ratio gauges as of `now`: events older than the window drop out even when
+        nothing happens (snapshots come at least every idle tick)."""
+        for q in ALL_PRIORITIES:
+            self.f.hit_rate.labels(q.label).set(self._hits[q].value(now))
+            self.f.sla_attainment.labels(q.label, q.tier).set(self._sla_window[q].value(now))
+
+    def _prefix_counters(self, queries: tuple[int, ...], hits: tuple[int, ...], now: float) -> None:
         seen_q, seen_h = self._prefix_seen
         for q in ALL_PRIORITIES:
             dq, dh = queries[q] - seen_q[q], hits[q] - seen_h[q]
+            self._hits[q].add(now, dh, dq)
             if dq:
                 self.f.prefix_queries.labels(q.label).inc(dq)
                 self.f.v_prefix_queries.labels().inc(dq)

@@ -7,6 +7,7 @@ interleaved; they are permuted back to the Hugging Face layout here (rotate-half
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,10 @@ def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, out // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(out, *rest)
 
 
-def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], ChatTokenizer]:
+def read_gguf(
+    path: Path, progress: Callable[[int, int], None] | None = None
+) -> tuple[ModelConfig, dict[str, torch.Tensor], ChatTokenizer]:
+    """`progress(done, total)` hears of each tensor dequantized."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
@@ -92,7 +96,9 @@ def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], ChatTok
         name=str(_field(reader, "general.name", path.stem)),
     )
     weights: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
+    for i, t in enumerate(reader.tensors):
+        if progress is not None:
+            progress(i, len(reader.tensors))
         name = hf_name(t.name)
         if name is None:
             continue

@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,8 @@ from safetensors.torch import save_file
 from tierserve.model.config import ModelConfig
 from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.paths import cache_dir
+
+log = logging.getLogger("tierserve.model")
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -105,7 +109,12 @@ def _load_gguf_cached(path: Path) -> LoadedModel:
             ChatTokenizer.load(folder),
             str(path),
         )
-    config, weights, tokenizer = read_gguf(path)
+    log.info(
+        "first start with %s: converting it to float32 once (cached under %s)", path.name, folder
+    )
+    t0 = time.monotonic()
+    config, weights, tokenizer = read_gguf(path, _ConversionProgress())
+    log.info("converted %s in %.1f s", path.name, time.monotonic() - t0)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder.parent))
@@ -119,6 +128,19 @@ def _load_gguf_cached(path: Path) -> LoadedModel:
     except OSError:
         pass  # a read-only cache only costs the conversion next time
     return LoadedModel(config, weights, tokenizer, str(path))
+
+
+class _ConversionProgress:
+    """Logs the GGUF conversion every 20% of its tensors."""
+
+    def __init__(self) -> None:
+        self.next_pct = 20
+
+    def __call__(self, done: int, total: int) -> None:
+        pct = 100 * done // max(1, total)
+        if pct >= self.next_pct:
+            log.info("converting: %d%% (%d of %d tensors)", pct, done, total)
+            self.next_pct = (pct // 20 + 1) * 20
 
 
 def load_model(model: str | Path | None = None) -> LoadedModel:

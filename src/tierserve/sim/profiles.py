@@ -159,3 +159,26 @@ def load_model_profile(name_or_path: str) -> ModelProfile:
         "name",
     )
     return ModelProfile(ModelConfig(**{k: d[k] for k in keys if k in d}), dtype_bytes)
+
+
+def simulated_note(hardware: str) -> str:
+    """The line every simulated report carries: these figures come from a cost model, and what
+    that model rests on (a datasheet profile's assumed efficiencies, or a fit's machine)."""
+    head = "**Simulated, not measured**: step times come from the cost model of profile"
+    try:
+        path, _ = locate(hardware)
+        d = json.loads(path.read_text())
+    except (ValueError, OSError):
+        return f"{head} {hardware!r}."
+    if "fit" in d:
+        where = describe(d["fitted_on"]) if d.get("fitted_on") else "an unrecorded machine"
+        return f"{head} {hardware!r}, fitted on {where}."
+    eff = ", ".join(
+        f"{k.removesuffix('_efficiency')} {d[k]:g}"
+        for k in ("compute_efficiency", "attention_efficiency", "memory_efficiency")
+        if k in d
+    )
+    return (
+        f"{head} {hardware!r}: spec-sheet peaks with **assumed** efficiencies ({eff}), not "
+        "measured on that hardware (docs/gpu-profile.md)."
+    )

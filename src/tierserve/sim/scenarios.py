@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
@@ -14,6 +15,7 @@ from tierserve.sim.runner import SimConfig, run_simulation
 from tierserve.sim.workload import WorkloadConfig
 
 SEED_POLICIES = ("fcfs", "drr", "hybrid")
+HEARTBEAT_S = 15.0  # off a terminal: a progress line at least this often
 SEED_CONCURRENCY = (32, 64, 128, 256, 512)
 
 # The seed design's table: Llama-3.1-70B, 8 x A100-80GB, tensor parallel 8, block size 16.
@@ -106,28 +108,52 @@ def grid_configs(base: SimConfig, policies, concurrencies) -> list[SimConfig]:
 
 
 class Progress:
-    """A one-line progress bar on a terminal; silent otherwise."""
+    """A one-line progress bar on a terminal; off one (a log, CI, a pipe), a line per finished
+    run and a line every `heartbeat_s` while runs go on, so a long command is never silent."""
 
-    def __init__(self, total: int, stream=None) -> None:
+    def __init__(self, total: int, stream=None, heartbeat_s: float = HEARTBEAT_S) -> None:
         # sys.stderr looked up now, not at import: it may have been replaced since.
         self.total, self.done, self.stream = total, 0, stream or sys.stderr
         self.tty = self.stream.isatty()
         self.t0 = time.perf_counter()
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        if not self.tty and heartbeat_s > 0:
+            self._beat = threading.Thread(
+                target=self._heartbeat, args=(heartbeat_s,), name="sim-progress", daemon=True
+            )
+            self._beat.start()
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _heartbeat(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self._line(f"{self.done}/{self.total} runs done, still running")
+
+    def _line(self, text: str) -> None:
+        self.stream.write(f"simulate: {text} ({self._elapsed():.0f} s)\n")
+        self.stream.flush()
 
     def step(self, label: str) -> None:
         self.done += 1
         if not self.tty:
+            self._line(f"run {self.done}/{self.total} done: {label}")
+            if self.done == self.total:
+                self.close()
             return
         width = 30
         fill = int(width * self.done / self.total)
-        elapsed = time.perf_counter() - self.t0
         self.stream.write(
             f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} {label:<24} "
-            f"{elapsed:5.0f} s"
+            f"{self._elapsed():5.0f} s"
         )
         if self.done == self.total:
             self.stream.write("\n")
         self.stream.flush()
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 def _run(cfg: SimConfig | FleetConfig) -> dict:
@@ -148,15 +174,18 @@ def run_grid(
     workers = workers or min(len(configs), os.cpu_count() or 1)
     bar = Progress(len(configs))
     results: list[dict | None] = [None] * len(configs)
-    if workers <= 1:
-        for i, cfg in enumerate(configs):
-            results[i] = _run(cfg)
-            bar.step(_label(cfg))
+    try:
+        if workers <= 1:
+            for i, cfg in enumerate(configs):
+                results[i] = _run(cfg)
+                bar.step(_label(cfg))
+            return results  # type: ignore[return-value]
+        with ProcessPoolExecutor(workers) as pool:
+            futures = {pool.submit(_run, cfg): i for i, cfg in enumerate(configs)}
+            for fut in as_completed(futures):
+                i = futures[fut]
+                results[i] = fut.result()
+                bar.step(_label(configs[i]))
         return results  # type: ignore[return-value]
-    with ProcessPoolExecutor(workers) as pool:
-        futures = {pool.submit(_run, cfg): i for i, cfg in enumerate(configs)}
-        for fut in as_completed(futures):
-            i = futures[fut]
-            results[i] = fut.result()
-            bar.step(_label(configs[i]))
-    return results  # type: ignore[return-value]
+    finally:
+        bar.close()

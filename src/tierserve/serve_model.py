@@ -1,0 +1,53 @@
+"""`--model` before anything loads: a path that cannot be a model is one clear line (exit 2),
+and the name clients use in `model` follows one rule.
+
+**The served name** (without `--served-model-name`): the embedded model is
+`SmolLM2-135M-Instruct`; a GGUF file is its file name without `.gguf` and without a
+llama.cpp quantization tag (`.Q4_1`, `-Q8_0`, `.F16`, `-IQ4_XS`, ...); a Hugging Face folder
+is the folder's name. So the embedded GGUF given by path serves under the same name as the
+default. Torch-free.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # as model/loader.py's DEFAULT_MODEL_NAME
+# llama.cpp's file-name tags for a quantization or a float type, at the end of the stem.
+_QUANT_TAG = re.compile(
+    r"[.-](?:I?Q\d+(?:_[A-Z0-9]+)*|F16|F32|BF16|FP16|FP32)$",
+    re.IGNORECASE,
+)
+
+
+def served_name(model: str | None) -> str:
+    if model is None:
+        return EMBEDDED_NAME
+    path = Path(model).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return _QUANT_TAG.sub("", path.stem) or path.stem
+    return path.name or str(model)
+
+
+def check_model_source(model: str | None) -> None:
+    """ValueError naming what is wrong with `--model`, checked without loading anything."""
+    if model is None:
+        return
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"--model {model}: no such file or folder (give a .gguf file or a Hugging Face "
+            "model folder; nothing is downloaded)"
+        )
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"--model {model}: not a Hugging Face model folder (it has no config.json)"
+            )
+        return
+    if path.suffix.lower() != ".gguf":
+        raise ValueError(f"--model {model}: not a GGUF file (expected a .gguf file or a folder)")
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"--model {model}: not a GGUF file (it does not start with GGUF)")
