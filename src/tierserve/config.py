@@ -150,6 +150,10 @@ FLAT_PARTITIONS = PartitionConfig(
 )
 
 
+# Prefix-cache eviction in least-recently-freed order whatever the class (CacheConfig).
+LRU_RETENTION = (0.0,) * NUM_PRIORITIES
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
@@ -157,8 +161,12 @@ class CacheConfig:
     num_cpu_blocks: int = 0
     enable_prefix_caching: bool = True
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
+    # Per class P0..P3: pool sizes of later allocations a cached free block of that class
+    # outlives beyond least-recently-freed order (core/kv/block_pool.py); all 0: plain LRU.
+    prefix_retention: tuple[float, ...] = (1.0, 0.5, 0.25, 0.0)
 
     def __post_init__(self) -> None:
+        _per_class("prefix_retention", self.prefix_retention)
         _check(
             isinstance(self.block_size, int) and self.block_size > 0,
             f"block_size must be a positive integer, got {self.block_size!r}",
