@@ -207,6 +207,10 @@ class SchedulerConfig:
     # hides under compute-bound prefill); "off".
     p0_express: str = "exclusive"
     p0_express_min_gap: int = 3
+    # A step's prefill is sized so that the step is predicted to end within this fraction of
+    # P0's TTFT SLA (a P0 arriving meanwhile waits for it); None: sized by tokens only. Only
+    # under a policy that serves P0 first (core/step_time.py).
+    step_time_fraction: float | None = 0.4
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
@@ -226,6 +230,11 @@ class SchedulerConfig:
         )
         _check(
             self.swap_cost_ratio > 0, f"swap_cost_ratio must be positive: {self.swap_cost_ratio}"
+        )
+        f = self.step_time_fraction
+        _check(
+            f is None or (isinstance(f, int | float) and 0 < f <= 10),
+            f"step_time_fraction must lie in (0, 10] (of P0's TTFT SLA) or be None, got {f!r}",
         )
 
 

@@ -30,17 +30,18 @@ from tierserve.core.kv.manager import NO_HITS, ComputedBlocks
 from tierserve.core.limits import RequestLimits
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts, PreemptionCounts, PreemptionMode, choose_mode
-from tierserve.core.step_state import StepPlan
+from tierserve.core.queue_counts import QueueCounts
+from tierserve.core.step_state import StepPlan, wants_prompt_logprobs
+from tierserve.core.step_time import StepTimeModel, StepWork, step_bound
 from tierserve.core.stopping import take_output
 from tierserve.policies import Policy, SchedulerState, VictimCandidate
-from tierserve.policies.base import arrival_key
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import FinishReason, Request, RequestStatus
 
 S = RequestStatus
 
 
-class Scheduler:
+class Scheduler(QueueCounts):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -61,22 +62,21 @@ class Scheduler:
         self._step = 0
         self._forget: set[str] = set()  # leave the executor's state at the next step
         self._known: set[str] = set()  # requests whose state the executor holds
-        self._waiting_count = [0] * NUM_PRIORITIES  # by submitted class
-        self._waiting_tokens = [0] * NUM_PRIORITIES
+        self._init_counts()
         self.preemptions = PreemptionCounts()
         self.limits = RequestLimits(
             config.max_model_len, kv.block_size, tuple(kv.ledger.capacity(p) for p in Priority)
         )
-        # Left the queue for the running batch since the start, by submitted class (requests,
-        # prompt tokens): admission control measures drain rates from these.
-        self.served = [0] * NUM_PRIORITIES
-        self.served_tokens = [0] * NUM_PRIORITIES
         policy.can_hold = self.limits.fits
         # (victim's submitted class, "swap" | "recompute") since the last drain, for observers.
         self.preemption_events: list[tuple[Priority, str]] = []
         self._changed: list[Request] = []  # finished inside schedule(), reported with the step
         self._last_express = -(10**9)
         self.express_steps = 0
+        # Step time, predicted and measured (step_time.py), and the bound on it.
+        self.step_time = StepTimeModel(costs.prefill_tokens_per_s if costs else None)
+        self.step_bound_s = step_bound(config, policy)
+        self._planned: tuple[float, StepWork] | None = None  # (start, work) of the step out
 
     # -- intake ----------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
@@ -93,22 +93,19 @@ class Scheduler:
         self.requests[request.request_id] = request
         self._enqueue(request, requeue=False)
 
-    def _enqueue(self, request: Request, requeue: bool) -> None:
-        (self.policy.requeue_preempted if requeue else self.policy.add)(request)
-        self._waiting_count[request.base_priority] += 1
-        self._waiting_tokens[request.base_priority] += request.num_tokens
-
-    def _dequeued(self, request: Request) -> None:
-        self._waiting_count[request.base_priority] -= 1
-        self._waiting_tokens[request.base_priority] -= request.num_tokens
-
     # -- the step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         now = self.clock.now()
         self.kv.observe(now)
         if self.policy.class_aware:
             self.kv.set_p1_waiting(self.policy.waiting_by_class()[Priority.P1] > 0)
-        plan = StepPlan(self._step, self.config.max_num_batched_tokens)
+        plan = StepPlan(
+            self._step,
+            self.config.max_num_batched_tokens,
+            self.step_time.coefficients,
+            self.step_bound_s,
+            self.kv.block_size,
+        )
         self._step += 1
         plan.out.finished_req_ids = self._forget
         self._forget = set()
@@ -122,6 +119,7 @@ class Scheduler:
         plan.out.finished_req_ids |= self._forget
         self._forget = set()
         out = plan.build(self.running, self.kv, self._known)
+        self._planned = (now, plan.total_work())
         if self.config.check_invariants:
             self.check_invariants(out)
         return out
@@ -129,14 +127,23 @@ class Scheduler:
     def _seats(self) -> int:
         return self.config.max_num_seqs - len(self.running)
 
-    def _tokens_for(self, req: Request, budget: int, already: int = 0) -> int:
+    def _tokens_for(
+        self, req: Request, plan: StepPlan, already: int = 0, cap: int | None = None, keep=0.0
+    ) -> int:
+        """Tokens `req` computes in this step (`already` of its tokens are prefix hits): what is
+        left, within the token budget (and `cap`), the long-prefill cap, and the time the step
+        may still take, keeping `keep` seconds for work that must still come in."""
         remaining = req.num_tokens - req.num_computed_tokens - already
-        cap = budget
+        cap = plan.budget if cap is None else min(cap, plan.budget)
         if req.num_prompt_tokens > self.config.long_prefill_threshold and not (
             self.policy.prefill_cap_exempt(req)
         ):
             cap = min(cap, self.config.long_prefill_max_tokens)
-        return max(0, min(remaining, cap))
+        n = max(0, min(remaining, cap))
+        if remaining <= 1:
+            return n  # a decode: never cut (counted in the time budget upfront)
+        done = req.num_computed_tokens + already
+        return plan.time.fit(n, done, wants_prompt_logprobs(req), keep)
 
     def _swap_in(self, plan: StepPlan) -> None:
         if not self.swapped:
@@ -176,11 +183,15 @@ class Scheduler:
         # A running request's prefill chunk leaves budget for the tokens waiting in classes the
         # policy serves strictly before it (P0 under hybrid; every more urgent class under
         # strict), so such a request is not stuck behind a long lower-class prompt admitted
-        # earlier. Decodes (one token) are never held back, so a chunk also leaves room for the
-        # decodes ranked after it.
+        # earlier. Decodes (one token) are never held back, so a chunk also leaves room (and
+        # time: they are counted in the time budget first) for the decodes ranked after it.
         ahead = self._strict_ahead()
         ranked = sorted(self.running.values(), key=self.policy.rank)
-        decodes_left = sum(1 for r in ranked if r.num_tokens - r.num_computed_tokens == 1)
+        decodes = [r for r in ranked if r.num_tokens - r.num_computed_tokens == 1]
+        if express == "exclusive":
+            decodes = [r for r in decodes if r.priority == Priority.P0]
+        plan.reserve_decodes(decodes)
+        decodes_left = len(decodes)
         for req in ranked:
             decodes_left -= req.num_tokens - req.num_computed_tokens == 1
             if req.request_id not in self.running or plan.budget <= 0:
@@ -188,11 +199,13 @@ class Scheduler:
             lower = req.priority != Priority.P0
             if express == "exclusive" and lower:
                 break  # ranked by class: everyone after this is lower
-            n = self._tokens_for(req, plan.budget)
-            if express == "decode" and lower and n > 1:
+            if express == "decode" and lower and req.num_tokens - req.num_computed_tokens > 1:
                 continue  # lower classes decode, their prefill chunks wait for a normal step
-            if n > 1 and ahead[req.priority]:
-                n = min(n, max(1, plan.budget - ahead[req.priority] - decodes_left))
+            cap, keep = None, 0.0
+            if ahead[req.priority]:  # leave budget and time for the waiting strict classes
+                cap = max(1, plan.budget - ahead[req.priority] - decodes_left)
+                keep = plan.time.cost(StepWork.chunk(ahead[req.priority], 0, 1))
+            n = self._tokens_for(req, plan, cap=cap, keep=keep)
             if n == 0:
                 continue
             while req.request_id in self.running:
@@ -214,21 +227,15 @@ class Scheduler:
                 else:
                     self._preempt(req, plan)
 
-    def _strict_ahead(self) -> list[int]:
-        """Tokens waiting, per class, in the classes the policy serves strictly before it."""
-        strict = self.policy.strict_before
-        ahead = [0] * NUM_PRIORITIES
-        for c in range(NUM_PRIORITIES):
-            ahead[c] = sum(self._waiting_tokens[k] for k in strict(Priority(c)))
-        return ahead
-
     def _admit_waiting(self, plan: StepPlan, now: float, only_p0: bool = False) -> None:
         while plan.budget > 0:
             req = self.policy.peek(self._state(now))
             if req is None or (only_p0 and req.priority != Priority.P0):
                 break
             computed = self.kv.get_computed_blocks(req)
-            n = self._tokens_for(req, plan.budget, computed.num_tokens)
+            n = self._tokens_for(req, plan, computed.num_tokens)
+            if n == 0:
+                break  # the step has no time left for it
             ids = self.kv.allocate_slots(req, n, computed) if self._seats() > 0 else None
             if ids is None:
                 short = self._shortfall(req, n, computed)
@@ -246,8 +253,7 @@ class Scheduler:
                 req.first_scheduled_time = now
             self.running[req.request_id] = req
             plan.schedule(req, n, ids)
-            self.served[req.base_priority] += 1
-            self.served_tokens[req.base_priority] += req.num_prompt_tokens
+            self._served(req)
 
     def _shortfall(self, req: Request, n: int, computed: ComputedBlocks) -> int:
         """Blocks `req` needs beyond what its class can be given right now."""
@@ -322,6 +328,10 @@ class Scheduler:
         requests that changed in this step (finished inside ``schedule()``, got a token,
         finished or failed), in scheduling order. Called after every ``schedule()``."""
         now = self.clock.now()
+        if self._planned is not None:  # the step's measured time teaches the step-time model
+            started, work = self._planned
+            self.step_time.observe(work, now - started)
+            self._planned = None
         failed = result.failed
         changed, self._changed = self._changed, []
         for rid, n in out.num_scheduled_tokens.items():
@@ -362,31 +372,6 @@ class Scheduler:
             req.finish_reason = FinishReason.ABORT if status == S.ABORTED else FinishReason.ERROR
             req.error = reason
         return req
-
-    # -- queue view (for admission control) --------------------------------------------------
-    def queue_depth(self, priority: Priority) -> int:
-        return self._waiting_count[priority]
-
-    def queued_tokens(self, priority: Priority) -> int:
-        return self._waiting_tokens[priority]
-
-    def dequeued(self, priority: Priority) -> tuple[int, int]:
-        return self.served[priority], self.served_tokens[priority]
-
-    def can_shed(self, below: Priority) -> bool:
-        return any(self._waiting_count[c] for c in range(int(below) + 1, NUM_PRIORITIES))
-
-    def lowest_waiting(self, below: Priority) -> str | None:
-        """The waiting request to shed first among classes less urgent than `below`: the
-        latest arrival of the least urgent class. O(waiting); called only when shedding."""
-        cands = [r for r in self.policy.requests() if r.base_priority > below]
-        if not cands:
-            return None
-        return max(cands, key=lambda r: (r.base_priority, *arrival_key(r))).request_id
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.policy)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)

@@ -45,6 +45,8 @@ class SimConfig:
     swap_gib_per_device: float = 16.0
     preemption_mode: str = "auto"
     p0_express: str = "decode"  # GPU: decode hides under compute-bound prefill
+    # A step's prefill is sized to end within this fraction of P0's SLA (core/step_time.py).
+    step_time_fraction: float | None = SchedulerConfig().step_time_fraction
     num_kv_blocks: int | None = None
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
@@ -94,6 +96,7 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
             max_model_len=1 << 20,
             preemption_mode=cfg.preemption_mode,
             p0_express=cfg.p0_express,
+            step_time_fraction=cfg.step_time_fraction,
         ),
         replace(policy_for_sla_admission(policy), sla_urgency_fraction=cfg.sla_urgency_fraction)
         if cfg.admission.sla_admission
@@ -181,6 +184,7 @@ def run_simulation(
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "preemption_mode": cfg.preemption_mode,
             "p0_express": cfg.p0_express,
+            "step_time_fraction": cfg.step_time_fraction,
             "max_retries": cfg.max_retries,
             "demote_tenants": list(cfg.demote_tenants),
             "end_early_tenants": list(cfg.end_early_tenants),
