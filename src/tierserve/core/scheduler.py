@@ -26,22 +26,30 @@ from tierserve.clock import Clock
 from tierserve.config import SchedulerConfig
 from tierserve.core.invariants import check_scheduler
 from tierserve.core.kv import KVCacheManager
-from tierserve.core.kv.manager import NO_HITS, ComputedBlocks
+from tierserve.core.kv.manager import NO_HITS
 from tierserve.core.limits import RequestLimits
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
-from tierserve.core.preemption import PreemptionCosts, PreemptionCounts, PreemptionMode, choose_mode
+from tierserve.core.preemption import PreemptionCosts, PreemptionCounts
 from tierserve.core.queue_counts import QueueCounts
 from tierserve.core.step_state import StepPlan, wants_prompt_logprobs
-from tierserve.core.step_time import StepTimeModel, StepWork, step_bound
+from tierserve.core.step_time import (
+    EXPRESS_WINDOW_S,
+    P0_WAIT_SHARE,
+    ExpressShare,
+    StepTimeModel,
+    StepWork,
+    step_bound,
+)
 from tierserve.core.stopping import take_output
-from tierserve.policies import Policy, SchedulerState, VictimCandidate
+from tierserve.core.victims import Preempting
+from tierserve.policies import Policy, SchedulerState
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import FinishReason, Request, RequestStatus
 
 S = RequestStatus
 
 
-class Scheduler(QueueCounts):
+class Scheduler(QueueCounts, Preempting):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -71,8 +79,9 @@ class Scheduler(QueueCounts):
         # (victim's submitted class, "swap" | "recompute") since the last drain, for observers.
         self.preemption_events: list[tuple[Priority, str]] = []
         self._changed: list[Request] = []  # finished inside schedule(), reported with the step
-        self._last_express = -(10**9)
+        self._express_time = ExpressShare(EXPRESS_WINDOW_S)
         self.express_steps = 0
+        self.seats_freed = 0  # requests that left the running batch since the start
         # Step time, predicted and measured (step_time.py), and the bound on it.
         self.step_time = StepTimeModel(costs.prefill_tokens_per_s if costs else None)
         self.step_bound_s = step_bound(config, policy)
@@ -109,7 +118,7 @@ class Scheduler(QueueCounts):
         self._step += 1
         plan.out.finished_req_ids = self._forget
         self._forget = set()
-        express = self._express_step()
+        express = self._express_step(now)
         if not express:
             self._swap_in(plan)
         self._schedule_running(plan, express)
@@ -119,7 +128,7 @@ class Scheduler(QueueCounts):
         plan.out.finished_req_ids |= self._forget
         self._forget = set()
         out = plan.build(self.running, self.kv, self._known)
-        self._planned = (now, plan.total_work())
+        self._planned = (now, plan.total_work(), bool(express))
         if self.config.check_invariants:
             self.check_invariants(out)
         return out
@@ -143,6 +152,8 @@ class Scheduler(QueueCounts):
         if remaining <= 1:
             return n  # a decode: never cut (counted in the time budget upfront)
         done = req.num_computed_tokens + already
+        if self.policy.prefill_cap_exempt(req):  # P0's own prompt: one more bound of time
+            keep -= plan.time.bound  # (the P0 arriving meanwhile waits behind its own class)
         return plan.time.fit(n, done, wants_prompt_logprobs(req), keep)
 
     def _swap_in(self, plan: StepPlan) -> None:
@@ -164,18 +175,20 @@ class Scheduler(QueueCounts):
             plan.swap_in(req, mapping)
             self.preemptions.swapped_in_blocks += len(mapping)
 
-    def _express_step(self) -> str | None:
+    def _express_step(self, now: float) -> str | None:
         """A P0 request is waiting: build the next step for it (see SchedulerConfig.p0_express),
         so its first token does not wait behind other classes' work. Rate-limited so the others
-        cannot starve. Returns the express mode, or None for a normal step."""
+        cannot starve: express steps take at most 1 / (1 + `p0_express_min_gap`) of the
+        engine's time over the last ~``EXPRESS_WINDOW_S`` (counted in time, not steps: a short
+        express step between long ones must not make the next P0 wait through several of
+        them). Returns the express mode, or None for a normal step."""
         cfg = self.config
         if cfg.p0_express == "off" or not self.policy.p0_strict:
             return None
         if self._waiting_count[Priority.P0] == 0:
             return None
-        if self._step - self._last_express <= cfg.p0_express_min_gap:
+        if self._express_time.share(now) >= 1.0 / (1 + cfg.p0_express_min_gap):
             return None
-        self._last_express = self._step
         self.express_steps += 1
         return cfg.p0_express
 
@@ -205,6 +218,7 @@ class Scheduler(QueueCounts):
             if ahead[req.priority]:  # leave budget and time for the waiting strict classes
                 cap = max(1, plan.budget - ahead[req.priority] - decodes_left)
                 keep = plan.time.cost(StepWork.chunk(ahead[req.priority], 0, 1))
+                keep += P0_WAIT_SHARE * plan.time.bound
             n = self._tokens_for(req, plan, cap=cap, keep=keep)
             if n == 0:
                 continue
@@ -255,12 +269,6 @@ class Scheduler(QueueCounts):
             plan.schedule(req, n, ids)
             self._served(req)
 
-    def _shortfall(self, req: Request, n: int, computed: ComputedBlocks) -> int:
-        """Blocks `req` needs beyond what its class can be given right now."""
-        need = self.kv.blocks_needed(req, n, computed)
-        revived = sum(1 for b in computed.blocks if b.ref_cnt == 0)
-        return max(0, need + revived - self.kv.headroom(req.priority))
-
     def _state(self, now: float) -> SchedulerState:
         by_class = [0] * NUM_PRIORITIES
         for r in self.running.values():
@@ -272,56 +280,6 @@ class Scheduler(QueueCounts):
             headroom_by_class=tuple(self.kv.headroom(p) for p in Priority),
         )
 
-    # -- preemption ------------------------------------------------------------------------
-    def _make_room(self, req: Request, blocks: int, plan: StepPlan, seat: bool = False) -> bool:
-        """Preempt running requests so `req` gains `blocks` blocks of headroom (and a seat, if
-        `seat`). Victims come from the policy, in the KV manager's reclaim order. Returns
-        whether any were preempted."""
-        if blocks <= 0 and not seat:
-            return False
-        may = self.policy.may_preempt
-        others = [rid for rid, r in self.running.items() if r is not req and may(req, r)]
-        if not others:
-            return False
-        order = self.kv.reclaim_order(req.priority, others)
-        cands = [VictimCandidate(self.running[v.request_id], v.useful_blocks) for v in order]
-        victims = self.policy.select_victims(cands, req, max(0, blocks))
-        for v in victims:
-            self._preempt(v, plan)
-        return bool(victims)
-
-    def _preempt(self, victim: Request, plan: StepPlan) -> None:
-        rid = victim.request_id
-        plan.unschedule(victim)
-        blocks = len(self.kv.block_ids(rid))
-        mode = choose_mode(
-            self.config.preemption_mode,
-            self.costs,
-            blocks,
-            victim.num_computed_tokens,
-            self.config.swap_cost_ratio,
-        )
-        mapping = self.kv.swap_out(victim) if mode == PreemptionMode.SWAP else None
-        del self.running[rid]
-        victim.num_preemptions += 1
-        self.preemptions.by_victim_class[victim.priority] += 1
-        self.preemption_events.append(
-            (victim.base_priority, "swap" if mapping is not None else "recompute")
-        )
-        if mapping is not None:
-            victim.transition(S.SWAPPED)
-            self.swapped[rid] = victim
-            plan.swap_out(victim, mapping)
-            self.preemptions.swap += 1
-            self.preemptions.swapped_out_blocks += len(mapping)
-        else:
-            self.kv.free(rid)
-            victim.num_computed_tokens = 0
-            victim.transition(S.PREEMPTED)
-            self._enqueue(victim, requeue=True)
-            plan.preempt_recompute(victim)
-            self.preemptions.recompute += 1
-
     # -- results ---------------------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput, result: ExecutorOutput) -> list[Request]:
         """Advance computed tokens, append sampled tokens, apply stop conditions. Returns the
@@ -329,8 +287,9 @@ class Scheduler(QueueCounts):
         finished or failed), in scheduling order. Called after every ``schedule()``."""
         now = self.clock.now()
         if self._planned is not None:  # the step's measured time teaches the step-time model
-            started, work = self._planned
+            started, work, express = self._planned
             self.step_time.observe(work, now - started)
+            self._express_time.add(now - started, express, now)
             self._planned = None
         failed = result.failed
         changed, self._changed = self._changed, []
@@ -357,6 +316,7 @@ class Scheduler(QueueCounts):
             raise KeyError(f"unknown request {request_id!r}")
         if request_id in self.running:
             del self.running[request_id]
+            self.seats_freed += 1
             self._forget.add(request_id)
         elif request_id in self.swapped:
             del self.swapped[request_id]

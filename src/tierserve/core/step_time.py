@@ -27,6 +27,7 @@ kernels do today. Until ``MIN_OBSERVATIONS`` steps have been measured it claims 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,8 +44,10 @@ _SCALE = (1.0, 8.0, 512.0, 8192.0, 512.0 * 2048.0, 8.0)
 # The prior's share of one prefill token's time, per feature, relative to per_token.
 _PRIOR_RATIO = (0.0, 0.0, 1.0, 1.0 / 64.0, 1.0 / 4096.0, 1.0 / 4.0)
 PRIOR_WEIGHT = 2.0
-PREFILL_SHARE = 1.0  # of the step bound that prefill chunks may use whatever the decodes take
-MIN_OBSERVATIONS = 4
+PREFILL_SHARE = 0.5  # of the step bound that prefill chunks may use whatever the decodes take
+P0_WAIT_SHARE = 0.5  # of the bound kept free of other prefill while a strict class waits
+EXPRESS_WINDOW_S = 5.0  # express steps' share of the engine's time is measured over this
+MIN_OBSERVATIONS = 1
 
 
 @dataclass(frozen=True)
@@ -238,3 +241,32 @@ def step_bound(config: SchedulerConfig, policy: Policy) -> float | None:
     if not policy.p0_strict or sla is None or config.step_time_fraction is None:
         return None
     return config.step_time_fraction * sla
+
+
+class ExpressShare:
+    """The share of the engine's time spent in P0 express steps, over the last ~`window_s`
+    (both sums decay with time): what rate-limits express steps."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._express = self._total = 0.0
+        self._at: float | None = None
+
+    def _decay(self, now: float) -> None:
+        if self._at is not None and now > self._at:
+            keep = math.exp(-(now - self._at) / self.window_s)
+            self._express *= keep
+            self._total *= keep
+        self._at = now if self._at is None else max(self._at, now)
+
+    def add(self, seconds: float, express: bool, now: float) -> None:
+        """One step of `seconds` (at least a microsecond: on a clock that does not move during
+        steps, each counts the same, and the share is one of steps)."""
+        self._decay(now)
+        seconds = max(seconds, 1e-6)
+        self._total += seconds
+        self._express += seconds if express else 0.0
+
+    def share(self, now: float) -> float:
+        self._decay(now)
+        return self._express / self._total if self._total > 0 else 0.0
