@@ -214,3 +214,22 @@ def test_bench_serve_throughput_stays_within_5_percent(clients):
         return sum(x.output_tokens for x in done) / 100.0
 
     assert tokens_per_s(SchedulerConfig().step_time_fraction) >= 0.95 * tokens_per_s(None)
+
+
+def test_serve_flags_set_the_step_bound_and_the_cache_retention(tmp_path):
+    import argparse
+
+    from tierserve.serve_cli import add_serve_arguments, build_configs, merged_options
+
+    p = argparse.ArgumentParser()
+    add_serve_arguments(p)
+
+    def args(*argv):
+        return build_configs(merged_options(p.parse_args(list(argv))))[0]
+
+    off = args("--step-time-fraction", "none", "--prefix-retention", "0", "0", "0", "0")
+    assert off.step_time_fraction is None and off.prefix_retention == (0.0,) * 4
+    assert args("--step-time-fraction", "0.3").step_time_fraction == 0.3
+    default = args()
+    assert default.step_time_fraction == SchedulerConfig().step_time_fraction
+    assert default.prefix_retention == CacheConfig().prefix_retention
