@@ -13,14 +13,7 @@ from tierserve.config import CacheConfig, ConfigError
 from tierserve.core.kv import KVCacheError, KVCacheManager
 from tierserve.core.kv.block_pool import BlockPool
 from tierserve.priority import Priority
-from tierserve.sim.runner import SimConfig, run_simulation
-from tierserve.sim.workload import (
-    DEFAULT_CLASSES,
-    ClassSpec,
-    LengthDist,
-    ProbedFlood,
-    WorkloadConfig,
-)
+from tierserve.sim.promise import prefix_churn
 
 P0, P1, P2, P3 = Priority
 LRU = (0.0, 0.0, 0.0, 0.0)
@@ -116,42 +109,13 @@ def test_bad_retention_is_refused():
 
 # -- the P0 hit rate under a flood that churns the cache ----------------------------------
 
-# The CPU engine's shapes (cpu-local profile, SmolLM2-135M, its default 1456-block cache): 32
-# background streams of ~800-token prompts and short outputs refill the whole cache in ~25 s;
-# a realtime probe with a 512-token system prompt comes every 40 s.
-FLOOD = dict(DEFAULT_CLASSES)
-FLOOD[P3] = ClassSpec(LengthDist(800, 0.3, 200, 4000), LengthDist(16, 0.3, 4, 32))
-CHURN = SimConfig(
-    hardware="cpu-local",
-    model="smollm2-135m",
-    tp=1,
-    max_num_seqs=32,
-    max_num_batched_tokens=512,
-    p0_express="exclusive",
-    swap_gib_per_device=0,
-    num_kv_blocks=1456,
-    workload=WorkloadConfig(
-        mix=(0, 0, 0, 1),
-        classes=FLOOD,
-        concurrency=32,
-        duration_s=400.0,
-        warmup_s=10.0,
-        seed=1,
-        vocab_size=49152,
-    ),
-)
-
-
-def churn(retention, every_s=40.0):
-    cfg = replace(CHURN, prefix_retention=retention)
-    r = run_simulation(cfg, keep_records=True, workload=ProbedFlood(cfg.workload, every_s))
-    done = sum(1 for x in r["records"] if x.priority == P3 and x.outcome == "completed")
-    return r["prefix_hit_rate"]["P0"], done
-
 
 def test_p0_keeps_its_cached_prefix_under_a_p3_flood_that_churns_the_cache():
-    hit, done = churn(CacheConfig().prefix_retention)
-    lru_hit, lru_done = churn(LRU)
+    """The CPU engine's shapes (sim/promise.py): 32 background streams of ~800-token unique
+    prompts refill the default 1,456-block cache in ~25 s; a realtime probe with a 512-token
+    system prompt comes every 40 s."""
+    hit, done = prefix_churn(CacheConfig().prefix_retention)
+    lru_hit, lru_done = prefix_churn(LRU)
     # A probe is 576 tokens, 512 of them the system prompt: 0.89 at most; the first of the ten
     # finds nothing: 0.8.
     assert hit >= 0.75 and lru_hit <= 0.1, (hit, lru_hit)

@@ -2,7 +2,7 @@
 request never waits behind one long prompt for more than a bound derived from its SLA.
 
 Deterministic: the KV-simulating fake executor advances a manual clock by the CPU engine's step
-times (tests/cost_executor.py: the `cpu-local` profile, SmolLM2-135M). Before the fix a P0
+times (sim/cost_clock.py: the `cpu-local` profile, SmolLM2-135M). Before the fix a P0
 probe waited 1.4-2.4 s here, as the issue measured on the real server (1.2-2.9 s)."""
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ from dataclasses import replace
 
 import pytest
 
-from tests.cost_executor import CostClockExecutor, cpu_cost_model
-from tests.helpers import make_request
-from tierserve.clock import ManualClock
 from tierserve.config import CacheConfig, ConfigError, PolicyConfig, SchedulerConfig
 from tierserve.core.step_time import (
     MIN_OBSERVATIONS,
@@ -24,12 +21,10 @@ from tierserve.core.step_time import (
     TimeBudget,
     step_bound,
 )
-from tierserve.engine import EngineCore
 from tierserve.policies import create_policy
 from tierserve.priority import Priority
-from tierserve.sampling_params import SamplingParams
-from tierserve.sim.runner import SimConfig, run_simulation
-from tierserve.sim.workload import ClassSpec, LengthDist, WorkloadConfig
+from tierserve.sim.cost_clock import cpu_cost_model
+from tierserve.sim.promise import bench_throughput, probe_behind
 
 P0, P1, P2, P3 = Priority
 SLA_P0 = 0.5
@@ -116,48 +111,6 @@ def test_a_step_with_no_time_left_still_gives_a_long_prompt_its_minimum_chunk():
 # -- P0 behind one long request -------------------------------------------------------------
 
 
-def probe_behind(kind: str, prompt: int, fraction: float | None, seed: int = 0):
-    """One long request prefills on the CPU engine's step times while realtime probes (64
-    prompt tokens) arrive at random (gaps of 0.05-0.6 s) and are added at the next step
-    boundary, as the server's engine thread takes commands between steps. Returns the probes'
-    TTFTs and every step's time once the step-time model is calibrated."""
-    clock = ManualClock()
-    ex = CostClockExecutor(clock, 1456, 16)
-    sched = SchedulerConfig(
-        max_num_seqs=64,
-        max_num_batched_tokens=512,
-        max_model_len=8192,
-        p0_express="exclusive",
-        step_time_fraction=fraction,
-        check_invariants=True,
-    )
-    eng = EngineCore.build(ex, clock, CacheConfig(16, 1456), sched, PolicyConfig())
-    for _ in range(MIN_OBSERVATIONS):  # a few short requests first: the model calibrates
-        eng.add_request(make_request(100, P1, max_tokens=4))
-    while eng.has_unfinished():
-        eng.step()
-    first_step = len(ex.step_seconds)
-    prio = P3 if kind == "background" else P1
-    big = make_request(prompt, prio, max_tokens=8)
-    if kind == "scoring":  # echo + logprobs, max_tokens 0: logits at every prompt position
-        big.sampling_params = SamplingParams(max_tokens=0, prompt_logprobs=0)
-    eng.add_request(big)
-    rng = random.Random(seed)
-    due = clock.now() + rng.uniform(0.05, 0.6)
-    probes = []
-    while not big.is_finished:
-        while due <= clock.now():
-            probe = make_request(64, P0, max_tokens=2, arrival=due)
-            eng.add_request(probe)
-            probes.append(probe)
-            due += rng.uniform(0.05, 0.6)
-        eng.step()
-    while eng.has_unfinished():
-        eng.step()
-    ttft = sorted(p.first_token_time - p.arrival_time for p in probes)
-    return ttft, ex.step_seconds[first_step:]
-
-
 def p95(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, int(0.95 * len(xs)))]
 
@@ -182,38 +135,12 @@ def test_sized_by_tokens_alone_p0_waits_seconds_behind_a_long_prompt():
 
 # -- what it costs ---------------------------------------------------------------------------
 
-# `bench serve`'s throughput shape on the CPU engine's step times: 158 prompt tokens (the chat
-# template included) and 64 output tokens, closed loop.
-BENCH = ClassSpec(LengthDist(158, 0.01, 158, 158), LengthDist(64, 0.01, 64, 64))
-
 
 @pytest.mark.parametrize("clients", [1, 32])
 def test_bench_serve_throughput_stays_within_5_percent(clients):
-    cfg = SimConfig(
-        hardware="cpu-local",
-        model="smollm2-135m",
-        tp=1,
-        max_num_seqs=64,
-        max_num_batched_tokens=512,
-        p0_express="exclusive",
-        swap_gib_per_device=0,
-        num_kv_blocks=1456,
-        workload=WorkloadConfig(
-            mix=(0, 1, 0, 0),
-            classes=dict.fromkeys(Priority, BENCH),
-            concurrency=clients,
-            duration_s=120.0,
-            warmup_s=20.0,
-            vocab_size=49152,
-        ),
-    )
-
-    def tokens_per_s(fraction):
-        r = run_simulation(replace(cfg, step_time_fraction=fraction), keep_records=True)
-        done = [x for x in r["records"] if x.finish is not None and 20 <= x.arrival < 120]
-        return sum(x.output_tokens for x in done) / 100.0
-
-    assert tokens_per_s(SchedulerConfig().step_time_fraction) >= 0.95 * tokens_per_s(None)
+    """`bench serve`'s throughput shape (158 prompt + 64 output tokens, closed loop) on the CPU
+    engine's step times, with and without the bound."""
+    assert bench_throughput(clients) >= 0.95 * bench_throughput(clients, None)
 
 
 def test_serve_flags_set_the_step_bound_and_the_cache_retention(tmp_path):

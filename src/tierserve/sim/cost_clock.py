@@ -1,7 +1,8 @@
 """A fake executor whose steps take the time the simulator's cost model gives them, on a manual
-clock: the KV-simulating FakeExecutor plus the CPU engine's step times (the `cpu-local` profile
-fitted on this kind of machine, SmolLM2-135M), positions whose logits are computed for prompt
-logprobs included. Deterministic, so step-time rules can be tested exactly and fast."""
+clock: the KV-simulating FakeExecutor (executor/fake.py) plus the CPU engine's step times (the
+`cpu-local` profile, SmolLM2-135M, by default), positions whose logits are computed for prompt
+logprobs included. Deterministic, so step-time rules can be checked exactly and fast (tests,
+benchmarks/p0_promise_sim.py); unlike SimExecutor it also checks the KV contents."""
 
 from __future__ import annotations
 
