@@ -36,8 +36,8 @@ class EngineShape:
     bound_s: float | None  # the step-time bound (None: steps are sized by tokens only)
     token_budget: int
     max_num_seqs: int
-    decodes: int  # running requests decoding now
-    decode_context: int  # their contexts, summed
+    decodes: int  # running requests (each decodes once its prompt is in)
+    decode_context: int  # their contexts (known tokens), summed
     waiting_requests: tuple[int, ...] = _ZERO  # per class, as ``Load.waiting_tokens``
     waiting_context: int = 0  # tokens of every waiting request (their contexts once decoding)
     seat_rate: float = 0.0  # requests leaving the running batch per second, measured

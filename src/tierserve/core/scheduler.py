@@ -85,7 +85,8 @@ class Scheduler(QueueCounts, Preempting):
         # Step time, predicted and measured (step_time.py), and the bound on it.
         self.step_time = StepTimeModel(costs.prefill_tokens_per_s if costs else None)
         self.step_bound_s = step_bound(config, policy)
-        self._planned: tuple[float, StepWork] | None = None  # (start, work) of the step out
+        # (start, work, express?) of the step handed out, measured when its output comes back
+        self._planned: tuple[float, StepWork, bool] | None = None
 
     # -- intake ----------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
