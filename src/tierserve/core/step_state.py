@@ -39,16 +39,18 @@ class StepPlan:
         self.time = TimeBudget(coef or StepCoefficients(), bound_s, min_chunk)
         self.out = SchedulerOutput(step_id)
         self.tokens: dict[str, int] = {}
-        self.work: dict[str, StepWork] = {}  # what each scheduled request computes
-        self._reserved: dict[str, StepWork] = {}  # decodes counted in the time budget upfront
+        self._chunks: dict[str, StepWork] = {}  # prefill chunks planned, and what they compute
+        self._reserved: dict[str, int] = {}  # decodes counted upfront: their context
+        self._decodes = [0, 0]  # decodes planned: count, contexts summed
         self._new_block_ids: dict[str, list[int]] = {}
 
     def reserve_decodes(self, reqs: list[Request]) -> None:
         """Count these one-token decodes in the time budget before any prefill chunk is sized:
         they are never cut, so chunks ranked before them must leave them their time."""
-        for req in reqs:
-            w = self._reserved[req.request_id] = chunk_work(req, 1)
-            self.time.take(w, chunk=False)
+        self._reserved = {r.request_id: r.num_tokens for r in reqs}
+        if self.time.active:
+            ctx = sum(self._reserved.values())
+            self.time.take(StepWork(len(reqs), len(reqs), ctx, ctx, len(reqs)), chunk=False)
 
     def schedule(self, req: Request, n: int, new_block_ids: list[int]) -> None:
         if n > self.budget:
@@ -57,24 +59,35 @@ class StepPlan:
         self.tokens[rid] = n
         self._new_block_ids[rid] = new_block_ids
         self.budget -= n
-        w = self.work[rid] = chunk_work(req, n)
-        if rid not in self._reserved:
-            self.time.take(w, chunk=True)
+        if rid in self._reserved:
+            self._decodes[0] += 1
+            self._decodes[1] += self._reserved[rid]
+        else:
+            w = self._chunks[rid] = chunk_work(req, n)
+            if self.time.active:
+                self.time.take(w, chunk=True)
 
     def unschedule(self, req: Request) -> None:
         rid = req.request_id
-        self.budget += self.tokens.pop(rid, 0)
+        self.budget += self.tokens.get(rid, 0)
         self._new_block_ids.pop(rid, None)
-        w = self.work.pop(rid, None)
-        if w is not None and rid not in self._reserved:
+        w = self._chunks.pop(rid, None)
+        if w is not None and self.time.active:
             self.time.give_back(w, chunk=True)
-        reserved = self._reserved.pop(rid, None)
-        if reserved is not None:
-            self.time.give_back(reserved, chunk=False)
+        ctx = self._reserved.pop(rid, None)
+        if ctx is not None:
+            if self.time.active:
+                self.time.give_back(StepWork(1, 1, ctx, ctx, 1), chunk=False)
+            if rid in self.tokens:
+                self._decodes[0] -= 1
+                self._decodes[1] -= ctx
+        self.tokens.pop(rid, None)
 
     def total_work(self) -> StepWork:
-        total = StepWork()
-        for w in self.work.values():
+        """What the planned step computes: the step-time model's features."""
+        d, ctx = self._decodes
+        total = StepWork(d, d, ctx, ctx, d)
+        for w in self._chunks.values():
             total = total + w
         return total
 
