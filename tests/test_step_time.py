@@ -160,3 +160,32 @@ def test_serve_flags_set_the_step_bound_and_the_cache_retention(tmp_path):
     default = args()
     assert default.step_time_fraction == SchedulerConfig().step_time_fraction
     assert default.prefix_retention == CacheConfig().prefix_retention
+
+
+def test_a_machine_slower_than_the_bound_is_not_cut_into_more_steps():
+    """An empty step predicted longer than the bound (an overloaded machine measured a second
+    a step): no cut could meet the bound, cutting would only add steps."""
+    slow = StepCoefficients((0.9, 0.0, 0.05, 0.0, 1e-5, 0.0), calibrated=True)
+    assert TimeBudget(slow, 0.2, 16).fit(512, 0, False) == 512
+    fast = replace(slow, coef=(0.03, *slow.coef[1:]))
+    assert TimeBudget(fast, 0.2, 16).fit(512, 0, False) < 512
+
+
+def test_p0s_own_prompt_is_not_cut_by_time():
+    from tests.helpers import make_request
+    from tierserve.clock import ManualClock
+    from tierserve.engine import EngineCore
+    from tierserve.sim.cost_clock import CostClockExecutor
+
+    clock = ManualClock()
+    ex = CostClockExecutor(clock, 1456, 16)
+    sched = SchedulerConfig(max_num_batched_tokens=512, max_model_len=8192, p0_express="exclusive")
+    eng = EngineCore.build(ex, clock, CacheConfig(16, 1456), sched, PolicyConfig())
+    eng.add_request(make_request(6000, P3, max_tokens=4))
+    for _ in range(6):  # the long prompt is under way and the model calibrated
+        eng.step()
+    assert eng.scheduler.step_time.calibrated
+    rt = make_request(400, P0, max_tokens=2)  # ~0.35 s of prefill: more than the bound
+    eng.add_request(rt)
+    eng.step()
+    assert rt.num_computed_tokens == 400 and rt.num_output_tokens == 1

@@ -150,11 +150,11 @@ class Scheduler(QueueCounts, Preempting):
         ):
             cap = min(cap, self.config.long_prefill_max_tokens)
         n = max(0, min(remaining, cap))
-        if remaining <= 1:
-            return n  # a decode: never cut (counted in the time budget upfront)
+        if remaining <= 1 or self.policy.prefill_cap_exempt(req):
+            # A decode (counted in the time budget upfront) or P0's own prompt (a P0 arriving
+            # meanwhile waits behind its own class; cut, its own first token would be late)
+            return n
         done = req.num_computed_tokens + already
-        if self.policy.prefill_cap_exempt(req):  # P0's own prompt: one more bound of time
-            keep -= plan.time.bound  # (the P0 arriving meanwhile waits behind its own class)
         return plan.time.fit(n, done, wants_prompt_logprobs(req), keep)
 
     def _swap_in(self, plan: StepPlan) -> None:

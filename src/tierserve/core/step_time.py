@@ -189,13 +189,15 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 
 class TimeBudget:
     """The time a step being planned may still take: the bound minus the predicted time of what
-    is in it so far. Inactive (nothing is cut) without a bound or before the model has been
-    calibrated by measured steps. However short the time left, the first prefill chunk of a
-    step gets at least `min_chunk` tokens, so a long prompt always makes progress."""
+    is in it so far. Inactive (nothing is cut) without a bound, before the model has been
+    calibrated by measured steps, or when an empty step is predicted to take longer than the
+    bound (a machine that slow cannot meet it: cutting prompts into more steps would only add
+    steps). However short the time left, the first prefill chunk of a step gets at least
+    `min_chunk` tokens, so a long prompt always makes progress."""
 
     def __init__(self, coef: StepCoefficients, bound_s: float | None, min_chunk: int) -> None:
         self.coef = coef
-        self.active = bound_s is not None and coef.calibrated
+        self.active = bound_s is not None and coef.calibrated and coef.coef[0] < bound_s
         self.bound = bound_s or 0.0
         self.left = self.bound - coef.coef[0]
         self.fixed = 0.0  # decodes counted so far
