@@ -361,3 +361,48 @@ def test_plots_are_written_when_no_class_got_a_first_token(tmp_path):
     ]
     paths = write_plots(results, tmp_path)
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+
+
+def test_open_loop_arrivals_keep_their_rate_when_steps_are_longer_than_the_gaps():
+    """Issue 21: the driver used to pop one arrival per engine step, so with 0.1 s steps an
+    open loop of 40 requests/s ran at 10/s and every request reached the engine later and later
+    after its arrival time. Each must be submitted at the first step boundary after it."""
+    from tierserve.admission import AdmissionController
+    from tierserve.clock import ManualClock
+    from tierserve.config import AdmissionConfig, CacheConfig, SchedulerConfig
+    from tierserve.engine import EngineCore
+    from tierserve.executor.fake import FakeExecutor
+    from tierserve.sim.driver import drive
+
+    clock = ManualClock()
+    eng = EngineCore.build(
+        FakeExecutor(4096, 16),
+        clock,
+        CacheConfig(16, 4096),
+        SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=1 << 16),
+    )
+    from tierserve.sim.workload import ClassSpec, LengthDist
+
+    short = ClassSpec(LengthDist(16, 0.1, 8, 32), LengthDist(2, 0.1, 1, 4))
+    classes = dict.fromkeys(Priority, short)
+    cfg = WorkloadConfig(
+        arrival="poisson", rate=40.0, duration_s=10.0, warmup_s=0.0, classes=classes
+    )
+    wl = Workload(cfg)
+    adm = AdmissionController(AdmissionConfig(), eng.scheduler, clock)
+    added = {}
+    run_step, add = eng.step, eng.add_request
+
+    def step_taking_100ms():
+        clock.advance(0.1)
+        return run_step()
+
+    def add_and_note(req):
+        added[req.request_id] = clock.now() - req.arrival_time
+        add(req)
+
+    eng.step, eng.add_request = step_taking_100ms, add_and_note
+    result = drive(eng, wl, adm, lambda t: clock.advance(max(0.0, t - clock.now())))
+    assert 300 < len(result.records) < 500
+    assert max(added.values()) <= 0.1 + 1e-9  # at most one step after it arrived
+    assert result.end_time < 10.0 + 1.0

@@ -2,6 +2,7 @@
 meter, checked with exact arithmetic."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -45,8 +46,9 @@ def test_strict_order_counts_the_classes_before_the_own_queue_and_running_prefil
     # P1: P0's queue + its own + all running prefills (theirs go first, but for P0's tokens),
     # served at R minus P0's arrivals.
     assert predict_ttft(load, P1, 500) == pytest.approx((1000 + 2000 + 500 + 650) / 1000 + 0.2)
-    # P0: only its own class and its own running prefill (the others leave budget for it).
-    assert predict_ttft(load, P0, 500) == pytest.approx((1000 + 500 + 50) / 1100 + 0.2)
+    # P0: only its own class and its own running prefill (the others leave budget for it);
+    # served first, it waits for half the step in flight on average, not a whole step.
+    assert predict_ttft(load, P0, 500) == pytest.approx((1000 + 500 + 50) / 1100 + 0.1)
     # P2: P0 and P1 before it, and both keep arriving.
     assert predict_ttft(load, P2, 500) == pytest.approx(
         (1000 + 2000 + 3000 + 500 + 650) / 600 + 0.2
@@ -106,9 +108,18 @@ def test_fcfs_is_one_queue_and_unknown_or_saturated_rates_are_explicit():
     load = Load(waiting_tokens=(10, 20, 30, 40), running_prefill=(1, 2, 3, 4), prefill_rate=10.0)
     assert predict_ttft(load, P0, 100) == pytest.approx((100 + 100 + 10) / 10)
     assert predict_ttft(Load(), P1, 100) is None  # no rate measured or seeded yet
-    full = Load(arrival_rate=(1000.0, 0, 0, 0), prefill_rate=900.0, order=order("hybrid"))
+    full = Load(
+        waiting_tokens=(100, 0, 0, 0),
+        arrival_rate=(1000.0, 0, 0, 0),
+        prefill_rate=900.0,
+        order=order("hybrid"),
+    )
     assert predict_ttft(full, P1, 10) == math.inf  # P0 alone fills the engine
-    assert predict_ttft(full, P0, 10) == pytest.approx(10 / 900)
+    assert predict_ttft(full, P0, 10) == pytest.approx(110 / 900)
+    # An empty engine never predicts an infinite wait (issue 21): P0's arrival rate was
+    # measured in a burst that has ended; served as they come, P0 takes at most half.
+    empty = replace(full, waiting_tokens=(0, 0, 0, 0))
+    assert predict_ttft(empty, P1, 10) == pytest.approx(10 / 450)
 
 
 def test_load_edits_keep_the_tenant_view_consistent():

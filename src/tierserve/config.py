@@ -150,6 +150,10 @@ FLAT_PARTITIONS = PartitionConfig(
 )
 
 
+# Prefix-cache eviction in least-recently-freed order whatever the class (CacheConfig).
+LRU_RETENTION = (0.0,) * NUM_PRIORITIES
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
@@ -157,8 +161,12 @@ class CacheConfig:
     num_cpu_blocks: int = 0
     enable_prefix_caching: bool = True
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
+    # Per class P0..P3: pool sizes of later allocations a cached free block of that class
+    # outlives beyond least-recently-freed order (core/kv/block_pool.py); all 0: plain LRU.
+    prefix_retention: tuple[float, ...] = (1.0, 0.5, 0.25, 0.0)
 
     def __post_init__(self) -> None:
+        _per_class("prefix_retention", self.prefix_retention)
         _check(
             isinstance(self.block_size, int) and self.block_size > 0,
             f"block_size must be a positive integer, got {self.block_size!r}",
@@ -199,6 +207,10 @@ class SchedulerConfig:
     # hides under compute-bound prefill); "off".
     p0_express: str = "exclusive"
     p0_express_min_gap: int = 3
+    # A step's prefill is sized so that the step is predicted to end within this fraction of
+    # P0's TTFT SLA (a P0 arriving meanwhile waits for it); None: sized by tokens only. Only
+    # under a policy that serves P0 first (core/step_time.py).
+    step_time_fraction: float | None = 0.4
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
@@ -218,6 +230,11 @@ class SchedulerConfig:
         )
         _check(
             self.swap_cost_ratio > 0, f"swap_cost_ratio must be positive: {self.swap_cost_ratio}"
+        )
+        f = self.step_time_fraction
+        _check(
+            f is None or (isinstance(f, int | float) and 0 < f <= 10),
+            f"step_time_fraction must lie in (0, 10] (of P0's TTFT SLA) or be None, got {f!r}",
         )
 
 

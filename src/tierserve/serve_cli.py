@@ -49,6 +49,13 @@ def sla(text: str) -> float | None:
     return None if str(text).lower() in ("none", "null", "-") else float(text)
 
 
+def float_or_none(text) -> float | str:
+    """A number, or 'none' (kept as the word: a flag's None means "not given")."""
+    if str(text).lower() in ("none", "null", "-"):
+        return "none"
+    return float(text)
+
+
 def on_off(text) -> bool:
     """'on' / 'off' (a flag), or a YAML boolean (a config file)."""
     if isinstance(text, bool):
@@ -160,6 +167,20 @@ OPTIONS = [
         "step built for a waiting P0: exclusive | decode | off "
         "(default: exclusive on cpu, decode on cuda)",
     ),
+    (
+        "--step-time-fraction",
+        float_or_none,
+        None,
+        "size each step's prefill to end within this fraction of P0's TTFT SLA; none: by "
+        "tokens only (0.4)",
+    ),
+    (
+        "--prefix-retention",
+        float,
+        4,
+        "pools of later allocations a cached block of P0..P3 outlives beyond LRU; 0 0 0 0: "
+        "LRU (1 0.5 0.25 0)",
+    ),
     ("--log-level", str, None, "debug | info | warning (info)"),
     ("--replicas", int, None, "serve N engine replicas on Ray Serve (default: one process)"),
     ("--max-replicas", int, None, "autoscale the engine replicas up to this many, by class"),
@@ -193,6 +214,7 @@ def _file_type(typ, nargs) -> Any:
         size: int | float,
         sla: float | None | Literal["none", "None", "-"],
         on_off: bool | Literal["on", "off"],
+        float_or_none: float | Literal["none", "null", "-"],
     }.get(typ, typ)
     if nargs is None:
         return one
@@ -343,6 +365,11 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
         if k in opts
     }
     eng_kw["cpu_threads"] = parse_threads(opts.get("cpu_threads"))
+    if "step_time_fraction" in opts:
+        f = opts["step_time_fraction"]
+        eng_kw["step_time_fraction"] = None if f == "none" else f
+    if "prefix_retention" in opts:
+        eng_kw["prefix_retention"] = tuple(opts["prefix_retention"])
     policy = PolicyConfig(**pol_kw)
     args = EngineArgs(
         **eng_kw,

@@ -8,6 +8,8 @@ the engine (in the simulator, on the virtual clock: there it measures the cost m
   idle periods. Before any measurement it is the executor's measured prefill speed
   (``PreemptionCosts.prefill_tokens_per_s``), weighted as one second of measurement.
 * Step time: the same decaying average over every step.
+* Seat rate: requests leaving the running batch per second, decayed over ``SEAT_TAU_S``: how
+  fast a queue waiting for seats (every one taken) moves.
 * Arrival rate per class, and per tenant in each class: prompt tokens entering the queue per
   second, the sum of arrivals decayed with ``arrival_tau_s`` over ``arrival_tau_s`` (a burst
   counts as spread over that time; in the first seconds after start the rate is understated).
@@ -15,6 +17,14 @@ the engine (in the simulator, on the virtual clock: there it measures the cost m
 A step's interval runs from the end of the previous step when that one left a backlog (from
 then on the queue waited, whatever the engine did: detokenizing, publishing, waiting for the
 GIL or for memory), else from its own start (the engine may have idled).
+
+**Recovery.** The measured rate describes the backlog of the last seconds: an overload that
+filled every seat measures a low one. Once no backlog is left it says nothing about the engine
+now, so ``prefill_rate_at`` fades it toward the rate the engine's step-time model gives for its
+current state (``nominal``, admission/engine_rate.py), with time constant ``recover_s`` from the
+end of the last backlogged step: a few seconds after a burst ends, a new request is judged on
+what the engine can do, not on the burst (it used to keep the burst's rate, with nothing to
+measure a new one: every P1 refused by an idle engine).
 """
 
 from __future__ import annotations
@@ -25,13 +35,20 @@ from tierserve.priority import NUM_PRIORITIES, Priority
 
 SEED_WEIGHT_S = 1.0
 MAX_TENANTS = 1024  # tenant rates kept per class before the faded ones are dropped
+SEAT_TAU_S = 3.0  # seats freed are counted over about this long
 
 
 class LoadMeter:
     def __init__(
-        self, seed_prefill_rate: float | None = None, tau_s: float = 5.0, arrival_tau_s=10.0
+        self,
+        seed_prefill_rate: float | None = None,
+        tau_s: float = 5.0,
+        arrival_tau_s=10.0,
+        recover_s: float = 1.0,
     ) -> None:
         self.tau_s = tau_s
+        self.recover_s = recover_s
+        self._backlog_end: float | None = None  # end of the last step that left a backlog
         self.arrival_tau_s = arrival_tau_s
         seeded = seed_prefill_rate is not None and seed_prefill_rate > 0
         self._tokens = seed_prefill_rate * SEED_WEIGHT_S if seeded else 0.0
@@ -42,12 +59,17 @@ class LoadMeter:
         self._arrivals_at: float | None = None
         # Per class: tenant -> [decayed tokens, when last decayed] (decayed when read).
         self._tenants: list[dict[str, list[float]]] = [{} for _ in range(NUM_PRIORITIES)]
+        # Seats freed (requests leaving the running batch), decayed like arrivals.
+        self._freed_seen = 0
+        self._freed = [0.0, None]  # [decayed count, when last decayed]
 
     # -- steps -----------------------------------------------------------------------------
     def on_step(self, start: float, end: float, prefill_tokens: int, backlog: bool) -> None:
         prev = self._prev_end
         interval = end - (prev if prev is not None and prev <= start else start)
         self._prev_end = end if backlog else None
+        if backlog:
+            self._backlog_end = end
         if interval <= 0:
             return
         keep = math.exp(-interval / self.tau_s)
@@ -60,6 +82,19 @@ class LoadMeter:
     @property
     def prefill_rate(self) -> float | None:
         return self._tokens / self._time if self._time > 0 else None
+
+    def prefill_rate_at(self, now: float, nominal: float | None) -> float | None:
+        """The measured rate, faded toward `nominal` (the rate the engine's model gives for its
+        state now) with the time since the last step that left a backlog: unchanged while a
+        backlog waits, `nominal` a few `recover_s` after the last one drained."""
+        measured = self.prefill_rate
+        if nominal is None or measured is None:
+            return measured if nominal is None else nominal
+        if self._prev_end is not None:  # the last step left a backlog: it is being measured
+            return measured
+        idle = now - self._backlog_end if self._backlog_end is not None else math.inf
+        keep = math.exp(-max(0.0, idle) / self.recover_s)
+        return keep * measured + (1.0 - keep) * nominal
 
     @property
     def step_s(self) -> float:
@@ -89,6 +124,17 @@ class LoadMeter:
         """Tokens per second entering each class's queue, over the last ~`arrival_tau_s`."""
         self._decay(now)
         return tuple(a / self.arrival_tau_s for a in self._arrivals)
+
+    def seat_rate(self, now: float, freed_total: int) -> float:
+        """Requests leaving the running batch per second (finished, failed or preempted), over
+        the last ~``SEAT_TAU_S``; `freed_total` is the engine's count since the start."""
+        count, when = self._freed
+        if when is not None:
+            count *= math.exp(-max(0.0, now - when) / SEAT_TAU_S)
+        count += max(0, freed_total - self._freed_seen)
+        self._freed_seen = freed_total
+        self._freed = [count, now]
+        return count / SEAT_TAU_S
 
     def _decay(self, now: float) -> None:
         if self._arrivals_at is not None and now > self._arrivals_at:

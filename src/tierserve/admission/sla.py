@@ -105,8 +105,7 @@ class SlaGate:
         if sla is None:
             return None
         factor = max(1.0, self.margin) if priority == Priority.P0 else self.margin
-        idle = Load(prefill_rate=load.prefill_rate, step_s=load.step_s)
-        alone = predict_ttft(idle, priority, prompt_tokens) or 0.0
+        alone = predict_ttft(load.idle(), priority, prompt_tokens) or 0.0
         return max(factor * sla, alone)
 
     def promised(self, priority: Priority, now: float) -> dict[str, int]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from tierserve.admission.engine_rate import EngineShape
 from tierserve.policies.order import FLAT_ORDER, ServiceOrder
 from tierserve.priority import NUM_PRIORITIES, Priority
 
@@ -72,6 +73,8 @@ class Load:
     # Classes sharing by weight (SFQ): each class's start tag for its next service (None: the
     # policy keeps none; the predictor assumes GPS shares).
     class_tags: tuple[float, ...] | None = None
+    # The engine's step-time model and decodes (None: the measured rate alone is used).
+    engine: EngineShape | None = None
 
     def with_waiting(self, priority: Priority, extra: int, tenant: str | None = None) -> Load:
         """The load with `extra` more tokens of `tenant` waiting in class `priority`."""
@@ -84,7 +87,8 @@ class Load:
             b = mine.get(tenant, TenantBacklog(tenant, 0, 0))
             mine[tenant] = replace(b, own=b.own + extra, total=b.total + extra)
             tenants = (*tenants[:c], tuple(mine.values()), *tenants[c + 1 :])
-        return replace(self, waiting_tokens=tuple(w), tenants=tenants)
+        engine = self.engine.with_waiting(c, 1, extra) if self.engine else None
+        return replace(self, waiting_tokens=tuple(w), tenants=tenants, engine=engine)
 
     def only_classes_upto(self, priority: Priority) -> Load:
         """The load with every less urgent class's work gone (as if shed)."""
@@ -95,7 +99,13 @@ class Load:
             promoted_tokens=self.promoted_tokens[:keep] + _ZERO[keep:],
             tenants=self.tenants[:keep] + ((),) * (NUM_PRIORITIES - keep),
             running_prefill=self.running_prefill[:keep] + _ZERO[keep:],
+            engine=self.engine.only_classes_upto(keep) if self.engine else None,
         )
+
+    def idle(self) -> Load:
+        """An engine with nothing waiting or running, at the same speed."""
+        engine = self.engine.idle() if self.engine else None
+        return Load(prefill_rate=self.prefill_rate, step_s=self.step_s, engine=engine)
 
 
 def class_work(
@@ -135,15 +145,20 @@ def predict_ttft(
 ) -> float | None:
     """Seconds until the first token of a class-`priority` request of `tenant` whose prompt
     still needs `own` tokens, with `ahead` tokens queued before it (see ``class_work``). None
-    while no prefill rate is known; inf when the classes before it alone fill the engine."""
-    rate = load.prefill_rate
+    while no prefill rate is known; inf when the classes before it alone fill the engine (they
+    have work waiting and keep arriving faster than the engine serves them)."""
+    c, order, waiting = int(priority), load.order, load.waiting_tokens
+    rate = service_rate(load, c, ahead)
     if rate is None or rate <= 0:
         return None
-    c, order, waiting = int(priority), load.order, load.waiting_tokens
     if not order.class_aware:  # one queue in arrival order
         queue = sum(waiting) if ahead is None else ahead
         return (queue + own + sum(load.running_prefill)) / rate + load.step_s
-    capacity = rate - sum(load.arrival_rate[k] for k in order.before[c])
+    lam = sum(load.arrival_rate[k] for k in order.before[c])
+    busy = any(waiting[k] or load.running_prefill[k] for k in order.before[c])
+    if not busy:  # served as they come, they do not fill the engine (a rate measured in a
+        lam = min(lam, rate / 2)  # burst that has ended): never an infinite wait for nothing
+    capacity = rate - lam
     if capacity <= 0:
         return math.inf
     fixed = sum(waiting[k] for k in order.before[c])
@@ -153,7 +168,62 @@ def predict_ttft(
     upper = fixed + class_work(load, c, own, ahead, tenant, None)
     upper = (upper + shares(load, c, upper - fixed, None)) / capacity
     mine = class_work(load, c, own, ahead, tenant, upper)
-    return (fixed + mine + shares(load, c, mine, upper)) / capacity + load.step_s
+    # The step in flight ends first. A class served first gets the next step (express steps,
+    # budget left by every running chunk): it waits half a step on average; the others wait
+    # behind the step that samples their token, a whole one.
+    first = served_first(load.order, c)
+    step = load.step_s / 2 if first else load.step_s
+    ttft = (fixed + mine + shares(load, c, mine, upper)) / capacity + step
+    if load.engine is not None and not first:  # every seat taken: it waits for one (a class
+        # served first takes one from a less urgent class), then for its prompt
+        seat = load.engine.seat_wait(requests_ahead(load, c, ahead))
+        if seat > 0:
+            ttft = max(ttft, seat + own / rate + step)
+    return ttft
+
+
+def served_first(order: ServiceOrder, c: int) -> bool:
+    """Whether class `c` is served before everyone: nothing is ordered before it and every
+    other class's running prefill leaves it budget (P0 under hybrid and strict)."""
+    others = (k for k in range(NUM_PRIORITIES) if k != c)
+    return (
+        order.class_aware and not order.before[c] and all(c in order.yields_to[k] for k in others)
+    )
+
+
+def requests_ahead(load: Load, c: int, ahead: int | None) -> int:
+    """Requests waiting before a class-`c` request with `ahead` tokens of its class before it
+    (None: a new one, behind its whole class)."""
+    reqs = load.engine.waiting_requests if load.engine else (0,) * NUM_PRIORITIES
+    order = load.order
+    if not order.class_aware:
+        return sum(reqs)
+    n = sum(reqs[k] for k in order.before[c])
+    mine = load.waiting_tokens[c]
+    return n + (reqs[c] if ahead is None or mine <= 0 else round(reqs[c] * min(1, ahead / mine)))
+
+
+def service_rate(load: Load, c: int, ahead: int | None) -> float | None:
+    """Prefill tokens per second a class-`c` request's wait is served at: the measured rate
+    (admission/load_meter.py), but no faster than the engine's step-time model says it can go
+    with the decodes it will run by then (admission/engine_rate.py: the requests ahead of it
+    join them). A class served first (``served_first``: P0 under hybrid) gets the rate of an
+    engine running its work alone: its work goes first, in steps built for it (express steps
+    run P0 work only on a CPU; on a GPU the others' decodes add little), whatever rate the
+    queue behind it drains at."""
+    measured, engine, order = load.prefill_rate, load.engine, load.order
+    if engine is None:
+        return measured
+    if served_first(order, c):
+        reqs = engine.waiting_requests[c]
+        alone = engine.idle().rate(reqs)
+        return measured if alone is None else alone
+    model = engine.rate(requests_ahead(load, c, ahead))
+    if model is None:
+        return measured
+    if measured is None:
+        return model
+    return min(measured, model)
 
 
 def shares(load: Load, c: int, mine: float, horizon: float | None) -> float:

@@ -26,21 +26,30 @@ from tierserve.clock import Clock
 from tierserve.config import SchedulerConfig
 from tierserve.core.invariants import check_scheduler
 from tierserve.core.kv import KVCacheManager
-from tierserve.core.kv.manager import NO_HITS, ComputedBlocks
+from tierserve.core.kv.manager import NO_HITS
 from tierserve.core.limits import RequestLimits
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
-from tierserve.core.preemption import PreemptionCosts, PreemptionCounts, PreemptionMode, choose_mode
-from tierserve.core.step_state import StepPlan
+from tierserve.core.preemption import PreemptionCosts, PreemptionCounts
+from tierserve.core.queue_counts import QueueCounts
+from tierserve.core.step_state import StepPlan, wants_prompt_logprobs
+from tierserve.core.step_time import (
+    EXPRESS_WINDOW_S,
+    P0_WAIT_SHARE,
+    ExpressShare,
+    StepTimeModel,
+    StepWork,
+    step_bound,
+)
 from tierserve.core.stopping import take_output
-from tierserve.policies import Policy, SchedulerState, VictimCandidate
-from tierserve.policies.base import arrival_key
+from tierserve.core.victims import Preempting
+from tierserve.policies import Policy, SchedulerState
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import FinishReason, Request, RequestStatus
 
 S = RequestStatus
 
 
-class Scheduler:
+class Scheduler(QueueCounts, Preempting):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -61,22 +70,23 @@ class Scheduler:
         self._step = 0
         self._forget: set[str] = set()  # leave the executor's state at the next step
         self._known: set[str] = set()  # requests whose state the executor holds
-        self._waiting_count = [0] * NUM_PRIORITIES  # by submitted class
-        self._waiting_tokens = [0] * NUM_PRIORITIES
+        self._init_counts()
         self.preemptions = PreemptionCounts()
         self.limits = RequestLimits(
             config.max_model_len, kv.block_size, tuple(kv.ledger.capacity(p) for p in Priority)
         )
-        # Left the queue for the running batch since the start, by submitted class (requests,
-        # prompt tokens): admission control measures drain rates from these.
-        self.served = [0] * NUM_PRIORITIES
-        self.served_tokens = [0] * NUM_PRIORITIES
         policy.can_hold = self.limits.fits
         # (victim's submitted class, "swap" | "recompute") since the last drain, for observers.
         self.preemption_events: list[tuple[Priority, str]] = []
         self._changed: list[Request] = []  # finished inside schedule(), reported with the step
-        self._last_express = -(10**9)
+        self._express_time = ExpressShare(EXPRESS_WINDOW_S)
         self.express_steps = 0
+        self.seats_freed = 0  # requests that left the running batch since the start
+        # Step time, predicted and measured (step_time.py), and the bound on it.
+        self.step_time = StepTimeModel(costs.prefill_tokens_per_s if costs else None)
+        self.step_bound_s = step_bound(config, policy)
+        # (start, work, express?) of the step handed out, measured when its output comes back
+        self._planned: tuple[float, StepWork, bool] | None = None
 
     # -- intake ----------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
@@ -93,26 +103,23 @@ class Scheduler:
         self.requests[request.request_id] = request
         self._enqueue(request, requeue=False)
 
-    def _enqueue(self, request: Request, requeue: bool) -> None:
-        (self.policy.requeue_preempted if requeue else self.policy.add)(request)
-        self._waiting_count[request.base_priority] += 1
-        self._waiting_tokens[request.base_priority] += request.num_tokens
-
-    def _dequeued(self, request: Request) -> None:
-        self._waiting_count[request.base_priority] -= 1
-        self._waiting_tokens[request.base_priority] -= request.num_tokens
-
     # -- the step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         now = self.clock.now()
         self.kv.observe(now)
         if self.policy.class_aware:
             self.kv.set_p1_waiting(self.policy.waiting_by_class()[Priority.P1] > 0)
-        plan = StepPlan(self._step, self.config.max_num_batched_tokens)
+        plan = StepPlan(
+            self._step,
+            self.config.max_num_batched_tokens,
+            self.step_time.coefficients,
+            self.step_bound_s,
+            self.kv.block_size,
+        )
         self._step += 1
         plan.out.finished_req_ids = self._forget
         self._forget = set()
-        express = self._express_step()
+        express = self._express_step(now)
         if not express:
             self._swap_in(plan)
         self._schedule_running(plan, express)
@@ -122,6 +129,7 @@ class Scheduler:
         plan.out.finished_req_ids |= self._forget
         self._forget = set()
         out = plan.build(self.running, self.kv, self._known)
+        self._planned = (now, plan.total_work(), bool(express))
         if self.config.check_invariants:
             self.check_invariants(out)
         return out
@@ -129,14 +137,25 @@ class Scheduler:
     def _seats(self) -> int:
         return self.config.max_num_seqs - len(self.running)
 
-    def _tokens_for(self, req: Request, budget: int, already: int = 0) -> int:
+    def _tokens_for(
+        self, req: Request, plan: StepPlan, already: int = 0, cap: int | None = None, keep=0.0
+    ) -> int:
+        """Tokens `req` computes in this step (`already` of its tokens are prefix hits): what is
+        left, within the token budget (and `cap`), the long-prefill cap, and the time the step
+        may still take, keeping `keep` seconds for work that must still come in."""
         remaining = req.num_tokens - req.num_computed_tokens - already
-        cap = budget
+        cap = plan.budget if cap is None else min(cap, plan.budget)
         if req.num_prompt_tokens > self.config.long_prefill_threshold and not (
             self.policy.prefill_cap_exempt(req)
         ):
             cap = min(cap, self.config.long_prefill_max_tokens)
-        return max(0, min(remaining, cap))
+        n = max(0, min(remaining, cap))
+        if remaining <= 1 or self.policy.prefill_cap_exempt(req):
+            # A decode (counted in the time budget upfront) or P0's own prompt (a P0 arriving
+            # meanwhile waits behind its own class; cut, its own first token would be late)
+            return n
+        done = req.num_computed_tokens + already
+        return plan.time.fit(n, done, wants_prompt_logprobs(req), keep)
 
     def _swap_in(self, plan: StepPlan) -> None:
         if not self.swapped:
@@ -157,18 +176,20 @@ class Scheduler:
             plan.swap_in(req, mapping)
             self.preemptions.swapped_in_blocks += len(mapping)
 
-    def _express_step(self) -> str | None:
+    def _express_step(self, now: float) -> str | None:
         """A P0 request is waiting: build the next step for it (see SchedulerConfig.p0_express),
         so its first token does not wait behind other classes' work. Rate-limited so the others
-        cannot starve. Returns the express mode, or None for a normal step."""
+        cannot starve: express steps take at most 1 / (1 + `p0_express_min_gap`) of the
+        engine's time over the last ~``EXPRESS_WINDOW_S`` (counted in time, not steps: a short
+        express step between long ones must not make the next P0 wait through several of
+        them). Returns the express mode, or None for a normal step."""
         cfg = self.config
         if cfg.p0_express == "off" or not self.policy.p0_strict:
             return None
         if self._waiting_count[Priority.P0] == 0:
             return None
-        if self._step - self._last_express <= cfg.p0_express_min_gap:
+        if self._express_time.share(now) >= 1.0 / (1 + cfg.p0_express_min_gap):
             return None
-        self._last_express = self._step
         self.express_steps += 1
         return cfg.p0_express
 
@@ -176,11 +197,15 @@ class Scheduler:
         # A running request's prefill chunk leaves budget for the tokens waiting in classes the
         # policy serves strictly before it (P0 under hybrid; every more urgent class under
         # strict), so such a request is not stuck behind a long lower-class prompt admitted
-        # earlier. Decodes (one token) are never held back, so a chunk also leaves room for the
-        # decodes ranked after it.
+        # earlier. Decodes (one token) are never held back, so a chunk also leaves room (and
+        # time: they are counted in the time budget first) for the decodes ranked after it.
         ahead = self._strict_ahead()
         ranked = sorted(self.running.values(), key=self.policy.rank)
-        decodes_left = sum(1 for r in ranked if r.num_tokens - r.num_computed_tokens == 1)
+        decodes = [r for r in ranked if r.num_tokens - r.num_computed_tokens == 1]
+        if express == "exclusive":
+            decodes = [r for r in decodes if r.priority == Priority.P0]
+        plan.reserve_decodes(decodes)
+        decodes_left = len(decodes)
         for req in ranked:
             decodes_left -= req.num_tokens - req.num_computed_tokens == 1
             if req.request_id not in self.running or plan.budget <= 0:
@@ -188,11 +213,14 @@ class Scheduler:
             lower = req.priority != Priority.P0
             if express == "exclusive" and lower:
                 break  # ranked by class: everyone after this is lower
-            n = self._tokens_for(req, plan.budget)
-            if express == "decode" and lower and n > 1:
+            if express == "decode" and lower and req.num_tokens - req.num_computed_tokens > 1:
                 continue  # lower classes decode, their prefill chunks wait for a normal step
-            if n > 1 and ahead[req.priority]:
-                n = min(n, max(1, plan.budget - ahead[req.priority] - decodes_left))
+            cap, keep = None, 0.0
+            if ahead[req.priority]:  # leave budget and time for the waiting strict classes
+                cap = max(1, plan.budget - ahead[req.priority] - decodes_left)
+                keep = plan.time.cost(StepWork.chunk(ahead[req.priority], 0, 1))
+                keep += P0_WAIT_SHARE * plan.time.bound
+            n = self._tokens_for(req, plan, cap=cap, keep=keep)
             if n == 0:
                 continue
             while req.request_id in self.running:
@@ -214,21 +242,15 @@ class Scheduler:
                 else:
                     self._preempt(req, plan)
 
-    def _strict_ahead(self) -> list[int]:
-        """Tokens waiting, per class, in the classes the policy serves strictly before it."""
-        strict = self.policy.strict_before
-        ahead = [0] * NUM_PRIORITIES
-        for c in range(NUM_PRIORITIES):
-            ahead[c] = sum(self._waiting_tokens[k] for k in strict(Priority(c)))
-        return ahead
-
     def _admit_waiting(self, plan: StepPlan, now: float, only_p0: bool = False) -> None:
         while plan.budget > 0:
             req = self.policy.peek(self._state(now))
             if req is None or (only_p0 and req.priority != Priority.P0):
                 break
             computed = self.kv.get_computed_blocks(req)
-            n = self._tokens_for(req, plan.budget, computed.num_tokens)
+            n = self._tokens_for(req, plan, computed.num_tokens)
+            if n == 0:
+                break  # the step has no time left for it
             ids = self.kv.allocate_slots(req, n, computed) if self._seats() > 0 else None
             if ids is None:
                 short = self._shortfall(req, n, computed)
@@ -246,14 +268,7 @@ class Scheduler:
                 req.first_scheduled_time = now
             self.running[req.request_id] = req
             plan.schedule(req, n, ids)
-            self.served[req.base_priority] += 1
-            self.served_tokens[req.base_priority] += req.num_prompt_tokens
-
-    def _shortfall(self, req: Request, n: int, computed: ComputedBlocks) -> int:
-        """Blocks `req` needs beyond what its class can be given right now."""
-        need = self.kv.blocks_needed(req, n, computed)
-        revived = sum(1 for b in computed.blocks if b.ref_cnt == 0)
-        return max(0, need + revived - self.kv.headroom(req.priority))
+            self._served(req)
 
     def _state(self, now: float) -> SchedulerState:
         by_class = [0] * NUM_PRIORITIES
@@ -266,62 +281,17 @@ class Scheduler:
             headroom_by_class=tuple(self.kv.headroom(p) for p in Priority),
         )
 
-    # -- preemption ------------------------------------------------------------------------
-    def _make_room(self, req: Request, blocks: int, plan: StepPlan, seat: bool = False) -> bool:
-        """Preempt running requests so `req` gains `blocks` blocks of headroom (and a seat, if
-        `seat`). Victims come from the policy, in the KV manager's reclaim order. Returns
-        whether any were preempted."""
-        if blocks <= 0 and not seat:
-            return False
-        may = self.policy.may_preempt
-        others = [rid for rid, r in self.running.items() if r is not req and may(req, r)]
-        if not others:
-            return False
-        order = self.kv.reclaim_order(req.priority, others)
-        cands = [VictimCandidate(self.running[v.request_id], v.useful_blocks) for v in order]
-        victims = self.policy.select_victims(cands, req, max(0, blocks))
-        for v in victims:
-            self._preempt(v, plan)
-        return bool(victims)
-
-    def _preempt(self, victim: Request, plan: StepPlan) -> None:
-        rid = victim.request_id
-        plan.unschedule(victim)
-        blocks = len(self.kv.block_ids(rid))
-        mode = choose_mode(
-            self.config.preemption_mode,
-            self.costs,
-            blocks,
-            victim.num_computed_tokens,
-            self.config.swap_cost_ratio,
-        )
-        mapping = self.kv.swap_out(victim) if mode == PreemptionMode.SWAP else None
-        del self.running[rid]
-        victim.num_preemptions += 1
-        self.preemptions.by_victim_class[victim.priority] += 1
-        self.preemption_events.append(
-            (victim.base_priority, "swap" if mapping is not None else "recompute")
-        )
-        if mapping is not None:
-            victim.transition(S.SWAPPED)
-            self.swapped[rid] = victim
-            plan.swap_out(victim, mapping)
-            self.preemptions.swap += 1
-            self.preemptions.swapped_out_blocks += len(mapping)
-        else:
-            self.kv.free(rid)
-            victim.num_computed_tokens = 0
-            victim.transition(S.PREEMPTED)
-            self._enqueue(victim, requeue=True)
-            plan.preempt_recompute(victim)
-            self.preemptions.recompute += 1
-
     # -- results ---------------------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput, result: ExecutorOutput) -> list[Request]:
         """Advance computed tokens, append sampled tokens, apply stop conditions. Returns the
         requests that changed in this step (finished inside ``schedule()``, got a token,
         finished or failed), in scheduling order. Called after every ``schedule()``."""
         now = self.clock.now()
+        if self._planned is not None:  # the step's measured time teaches the step-time model
+            started, work, express = self._planned
+            self.step_time.observe(work, now - started)
+            self._express_time.add(now - started, express, now)
+            self._planned = None
         failed = result.failed
         changed, self._changed = self._changed, []
         for rid, n in out.num_scheduled_tokens.items():
@@ -347,6 +317,7 @@ class Scheduler:
             raise KeyError(f"unknown request {request_id!r}")
         if request_id in self.running:
             del self.running[request_id]
+            self.seats_freed += 1
             self._forget.add(request_id)
         elif request_id in self.swapped:
             del self.swapped[request_id]
@@ -362,31 +333,6 @@ class Scheduler:
             req.finish_reason = FinishReason.ABORT if status == S.ABORTED else FinishReason.ERROR
             req.error = reason
         return req
-
-    # -- queue view (for admission control) --------------------------------------------------
-    def queue_depth(self, priority: Priority) -> int:
-        return self._waiting_count[priority]
-
-    def queued_tokens(self, priority: Priority) -> int:
-        return self._waiting_tokens[priority]
-
-    def dequeued(self, priority: Priority) -> tuple[int, int]:
-        return self.served[priority], self.served_tokens[priority]
-
-    def can_shed(self, below: Priority) -> bool:
-        return any(self._waiting_count[c] for c in range(int(below) + 1, NUM_PRIORITIES))
-
-    def lowest_waiting(self, below: Priority) -> str | None:
-        """The waiting request to shed first among classes less urgent than `below`: the
-        latest arrival of the least urgent class. O(waiting); called only when shedding."""
-        cands = [r for r in self.policy.requests() if r.base_priority > below]
-        if not cands:
-            return None
-        return max(cands, key=lambda r: (r.base_priority, *arrival_key(r))).request_id
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.policy)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)

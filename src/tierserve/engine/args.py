@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 
 from tierserve.config import (
     AdmissionConfig,
+    CacheConfig,
     PartitionConfig,
     PolicyConfig,
     PriorityConfig,
+    SchedulerConfig,
 )
 
 
@@ -34,6 +36,10 @@ class EngineArgs:
     swap_cost_ratio: float = 0.3
     # None: "exclusive" on the CPU, "decode" on CUDA (see SchedulerConfig.p0_express).
     p0_express: str | None = None
+    # A step's prefill ends within this fraction of P0's TTFT SLA (None: sized by tokens only).
+    step_time_fraction: float | None = SchedulerConfig().step_time_fraction
+    # Prefix-cache retention by class (CacheConfig.prefix_retention; all 0: plain LRU).
+    prefix_retention: tuple[float, ...] = CacheConfig().prefix_retention
     seed: int | None = None
     # Threads of the engine's parallel regions (torch/OpenMP), set on the thread that builds the
     # engine and on the one that steps it. None: torch's default (`tierserve serve` resolves

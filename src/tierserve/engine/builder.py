@@ -97,6 +97,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             num_cpu_blocks=num_cpu,
             enable_prefix_caching=args.enable_prefix_caching,
             partitions=args.partitions,
+            prefix_retention=args.prefix_retention,
         ),
         SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
@@ -107,6 +108,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             swap_cost_ratio=args.swap_cost_ratio,
             p0_express=args.p0_express
             or ("decode" if model.device.type == "cuda" else "exclusive"),
+            step_time_fraction=args.step_time_fraction,
         ),
         args.policy,
         args.priorities,

@@ -19,6 +19,7 @@ from tierserve.admission.load_meter import LoadMeter
 from tierserve.clock import Clock
 from tierserve.config import (
     FLAT_PARTITIONS,
+    LRU_RETENTION,
     CacheConfig,
     PolicyConfig,
     PriorityConfig,
@@ -79,8 +80,9 @@ class EngineCore:
         priorities: PriorityConfig | None = None,
     ) -> EngineCore:
         pol = create_policy(policy or PolicyConfig(), priorities)
-        if not pol.class_aware:  # a class-blind policy gets one shared pool: no floor, no reserve
-            cache = replace(cache, partitions=FLAT_PARTITIONS)
+        if not pol.class_aware:  # a class-blind policy gets one shared pool: no floor, no
+            # reserve, and LRU prefix-cache eviction whatever the class
+            cache = replace(cache, partitions=FLAT_PARTITIONS, prefix_retention=LRU_RETENTION)
         kv = KVCacheManager(cache)
         scheduler = Scheduler(
             sched or SchedulerConfig(), kv, pol, clock, executor.preemption_costs()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tierserve.admission.engine_rate import EngineShape
 from tierserve.admission.ttft import SLA_UNREACHABLE, Load, TenantBacklog, predict_ttft
 from tierserve.config import PriorityConfig
 from tierserve.priority import NUM_PRIORITIES, Priority
@@ -27,17 +28,24 @@ def measure_load(core: EngineCore) -> Load:
     """The predictor's inputs, from the engine's live state. O(running + waiting)."""
     s, meter, order = core.scheduler, core.load_meter, core.service_order
     running = [0] * NUM_PRIORITIES
+    context = remaining = 0
     for r in s.running.values():
         left = r.num_tokens - r.num_computed_tokens
+        context += r.num_tokens
+        remaining += max(0, r.sampling_params.max_tokens - r.num_output_tokens)
         if left > 1:  # still prefilling (a decoding request has one token to compute)
             running[r.base_priority] += left
     # Waiting work by the class it waits in now (aging may have promoted it there: it waits
     # behind that class's own), and by tenant when tenants share a class. O(waiting).
     waiting, promoted = [0] * NUM_PRIORITIES, [0] * NUM_PRIORITIES
+    requests = [0] * NUM_PRIORITIES
+    outputs = 0
     by_tenant: list[dict[str, list[int]]] = [{} for _ in range(NUM_PRIORITIES)]
     for r in s.policy.requests():
         c, n = r.priority, r.num_tokens
         waiting[c] += n
+        requests[c] += 1
+        outputs += r.sampling_params.max_tokens
         mine_own = n if r.base_priority == c else 0
         promoted[c] += n - mine_own
         if order.tenant_fair:
@@ -45,16 +53,30 @@ def measure_load(core: EngineCore) -> Load:
             t[0] += mine_own
             t[1] += n
     now = core.clock.now()
+    engine = EngineShape(
+        coef=s.step_time.coefficients,
+        bound_s=s.step_bound_s,
+        token_budget=s.config.max_num_batched_tokens,
+        max_num_seqs=s.config.max_num_seqs,
+        decodes=len(s.running),
+        decode_context=context,
+        waiting_requests=tuple(requests),
+        waiting_context=sum(waiting),
+        seat_rate=meter.seat_rate(now, s.seats_freed),
+        remaining_output=remaining,
+        waiting_output=outputs,
+    )
     return Load(
         waiting_tokens=tuple(waiting),
         promoted_tokens=tuple(promoted),
         tenants=tuple(_tenants(core, Priority(c), t, now) for c, t in enumerate(by_tenant)),
         running_prefill=tuple(running),
         arrival_rate=meter.arrival_rates(now),
-        prefill_rate=meter.prefill_rate,
+        prefill_rate=meter.prefill_rate_at(now, engine.rate(0)),
         step_s=meter.step_s,
         order=order,
         class_tags=s.policy.class_tags(),
+        engine=engine,
     )
 
 

@@ -64,8 +64,13 @@ class SnapshotQueueView:
         return snap.waiting_tokens[priority] + pending
 
     def can_shed(self, below: Priority) -> bool:
+        """Whether a less urgent request than `below` will be waiting when a shed command sent
+        now is carried out: the snapshot's waiting ones plus those still in the command queue
+        (carried out in order, so they are in the engine's queue by then), minus sheds asked
+        for and not yet carried out. Requests arriving together are judged on all of them."""
         snap = self._snapshot()
-        lower = sum(snap.waiting[c] for c in range(int(below) + 1, NUM_PRIORITIES))
+        pending = self._pending(snap)
+        lower = sum(snap.waiting[c] + pending[c] for c in range(int(below) + 1, NUM_PRIORITIES))
         return lower - (self.sheds_asked - snap.sheds) > 0
 
     def dequeued(self, priority: Priority) -> tuple[int, int]:

@@ -250,11 +250,10 @@ def drive(
             events.push(when, EventKind.COMPLETION)
 
     feed = EngineFeed(engine, admission, result, on_finish, sla)
-    while True:
+
+    def _admit_due(due: list) -> None:
         now = clock.now()
-        # COMPLETION (a closed-loop client's next request) and ARRIVAL both bring a request;
-        # an ARRIVAL with a payload is a refused request sent again.
-        for t, _kind, again in events.pop_due(now):
+        for t, _kind, again in due:
             if t >= end:
                 continue  # arrivals stop; a closed-loop client retires
             req, attempt = (workload.make(t), 0) if again is None else again
@@ -266,6 +265,15 @@ def drive(
                 events.push(retry, EventKind.ARRIVAL, None if give_up else (req, attempt + 1))
             if cfg.arrival != "closed":
                 events.push(t + workload.gap(), EventKind.ARRIVAL)
+
+    while True:
+        now = clock.now()
+        # COMPLETION (a closed-loop client's next request) and ARRIVAL both bring a request;
+        # an ARRIVAL with a payload is a refused request sent again. An open-loop arrival
+        # schedules the next one, which may be due already (gaps shorter than the step that
+        # just ran): pop until nothing is due, so arrivals keep their rate whatever the step.
+        while due := events.pop_due(now):
+            _admit_due(due)
         if engine.has_unfinished():
             if not feed.step():  # nothing could be scheduled: wait for an event
                 nxt = events.peek_time()

@@ -19,6 +19,7 @@ from tierserve.config import (
 )
 from tierserve.engine.core import EngineCore
 from tierserve.engine.load import CoreQueueView, LateRequestCheck
+from tierserve.priority import Priority
 from tierserve.sim.cost_model import CostModel
 from tierserve.sim.driver import DriveResult, SlaClients, drive
 from tierserve.sim.executor import SimExecutor
@@ -44,6 +45,8 @@ class SimConfig:
     swap_gib_per_device: float = 16.0
     preemption_mode: str = "auto"
     p0_express: str = "decode"  # GPU: decode hides under compute-bound prefill
+    # A step's prefill is sized to end within this fraction of P0's SLA (core/step_time.py).
+    step_time_fraction: float | None = SchedulerConfig().step_time_fraction
     num_kv_blocks: int | None = None
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
@@ -56,6 +59,8 @@ class SimConfig:
     # SLA admission opt-ins of the workload's tenants ("tenant-0", ...).
     demote_tenants: tuple[str, ...] = ()
     end_early_tenants: tuple[str, ...] = ()
+    # Prefix-cache retention by class (CacheConfig.prefix_retention; all 0: plain LRU).
+    prefix_retention: tuple[float, ...] = CacheConfig().prefix_retention
     # hybrid's SLA urgency under SLA admission (policy_for_sla_admission: 1.0; the default 0.2
     # only for comparison, benchmarks/sla_ablation.py)
     sla_urgency_fraction: float = 1.0
@@ -78,13 +83,20 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
     engine = EngineCore.build(
         ex,
         clock,
-        CacheConfig(cfg.block_size, blocks, swap, partitions=cfg.partitions),
+        CacheConfig(
+            cfg.block_size,
+            blocks,
+            swap,
+            partitions=cfg.partitions,
+            prefix_retention=cfg.prefix_retention,
+        ),
         SchedulerConfig(
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_model_len=1 << 20,
             preemption_mode=cfg.preemption_mode,
             p0_express=cfg.p0_express,
+            step_time_fraction=cfg.step_time_fraction,
         ),
         replace(policy_for_sla_admission(policy), sla_urgency_fraction=cfg.sla_urgency_fraction)
         if cfg.admission.sla_admission
@@ -112,12 +124,14 @@ def _kv_series(result: DriveResult, points: int) -> list[dict]:
     ]
 
 
-def run_simulation(cfg: SimConfig, progress=None, keep_records: bool = False) -> dict:
+def run_simulation(
+    cfg: SimConfig, progress=None, keep_records: bool = False, workload: Workload | None = None
+) -> dict:
     """Run `cfg` and summarise it; `keep_records` adds every request's record (in-process use,
-    not JSON)."""
+    not JSON); `workload` replaces the one `cfg.workload` describes (made from it)."""
     t0 = time.perf_counter()
     engine, ex, cost = build(cfg)
-    wl = Workload(cfg.workload)
+    wl = workload or Workload(cfg.workload)
     adm = cfg.admission
     admission = AdmissionController(adm, CoreQueueView(engine), engine.clock, cfg.priorities)
     sla = SlaClients(
@@ -135,6 +149,7 @@ def run_simulation(cfg: SimConfig, progress=None, keep_records: bool = False) ->
     busy = sum(x.duration for x in window)
     hw = cost.hw
     sched = engine.scheduler
+    kv = sched.kv.stats()
     out.update(
         policy=cfg.policy,
         variant=cfg.label,
@@ -157,6 +172,7 @@ def run_simulation(cfg: SimConfig, progress=None, keep_records: bool = False) ->
             "out": sched.preemptions.swapped_out_blocks,
         },
         p0_express_steps=sched.express_steps,
+        prefix_hit_rate={p.label: round(kv.hit_rate(p), 4) for p in Priority},
         kv_blocks=sched.kv.pool.num_blocks,
         kv_usage_series=_kv_series(result, cfg.kv_sample_points),
         steps=ex.totals.steps,
@@ -168,6 +184,7 @@ def run_simulation(cfg: SimConfig, progress=None, keep_records: bool = False) ->
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "preemption_mode": cfg.preemption_mode,
             "p0_express": cfg.p0_express,
+            "step_time_fraction": cfg.step_time_fraction,
             "max_retries": cfg.max_retries,
             "demote_tenants": list(cfg.demote_tenants),
             "end_early_tenants": list(cfg.end_early_tenants),

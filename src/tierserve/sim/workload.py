@@ -127,3 +127,40 @@ class Workload:
             return self.rng.expovariate(cfg.rate)
         shape = 1.0 / (cfg.gamma_cv**2)
         return self.rng.gammavariate(shape, 1.0 / (cfg.rate * shape))
+
+
+class ProbedFlood(Workload):
+    """A closed-loop flood (`cfg`: background streams with unique prompts, a P3-only mix) and a
+    realtime (P0) probe every `every_s` seconds: the next client to send after a probe is due
+    sends it instead. Every probe starts with the same `system_tokens`-token system prompt (then a
+    question of its own), so its prefix is in the cache unless the flood evicted it."""
+
+    def __init__(
+        self,
+        cfg: WorkloadConfig,
+        every_s: float,
+        system_tokens: int = 512,
+        question_tokens: int = 64,
+        probe_output: int = 16,
+    ) -> None:
+        super().__init__(cfg)
+        self.every_s = every_s
+        self.system = [100] * system_tokens
+        self.question_tokens, self.probe_output = question_tokens, probe_output
+        self._next_probe = every_s
+
+    def make(self, now: float) -> Request:
+        if now < self._next_probe:
+            return super().make(now)  # the flood: `cfg`'s mix and lengths (P3 only, say)
+        self._next_probe = now + self.every_s
+        uid = self._n
+        self._n += 1
+        question = [1000 + uid % (self.cfg.vocab_size - 1000)] * self.question_tokens
+        return Request(
+            f"probe-{uid}",
+            self.system + question,
+            SamplingParams(max_tokens=self.probe_output, ignore_eos=True, temperature=0.0),
+            priority=Priority.P0,
+            tenant="tenant-0",
+            arrival_time=now,
+        )

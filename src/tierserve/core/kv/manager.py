@@ -85,7 +85,9 @@ class KVCacheManager:
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
         self.block_size = config.block_size
-        self.pool = BlockPool(config.num_blocks, config.enable_prefix_caching)
+        self.pool = BlockPool(
+            config.num_blocks, config.enable_prefix_caching, config.prefix_retention
+        )
         self.ledger = PartitionLedger(
             config.partitions.resolve(config.num_blocks), config.partitions
         )
@@ -196,8 +198,11 @@ class KVCacheManager:
             held = self._held[rid] = _Held(cls)
             self._queries[cls] += request.num_tokens
             self._hits[cls] += computed.num_tokens
-        self.pool.touch(computed.blocks)
-        new = self.pool.get_new_blocks(need)
+        # Cache retention follows the class the request was sent as (aging changes its
+        # scheduling class, not how much its prefix is worth keeping).
+        keep = request.base_priority
+        self.pool.touch(computed.blocks, keep)
+        new = self.pool.get_new_blocks(need, keep)
         self._charge(cls, revived + new, borrowed)
         held.blocks.extend(computed.blocks)
         held.blocks.extend(new)
@@ -250,7 +255,7 @@ class KVCacheManager:
         borrowed = self.ledger.plan(sw.priority, n)
         if borrowed is None:
             return None
-        new = self.pool.get_new_blocks(n)
+        new = self.pool.get_new_blocks(n, request.base_priority)
         self._charge(sw.priority, new, borrowed)
         del self._swapped[rid]
         self._held[rid] = _Held(sw.priority, new, num_cached=0, num_tokens=sw.num_tokens)

@@ -1,0 +1,93 @@
+"""Preemption as the scheduler does it: how many blocks a request is short of, victims chosen
+by the policy in the KV manager's reclaim order, and each victim swapped out or dropped for
+recompute by cost (preemption.py). Mixed into ``Scheduler``; it happens in ``schedule()``,
+between steps: a victim already planned in this step is taken out of the plan first."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tierserve.core.kv.manager import ComputedBlocks
+from tierserve.core.preemption import PreemptionMode, choose_mode
+from tierserve.core.step_state import StepPlan
+from tierserve.policies import VictimCandidate
+from tierserve.priority import Priority
+from tierserve.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from tierserve.config import SchedulerConfig
+    from tierserve.core.kv import KVCacheManager
+    from tierserve.core.preemption import PreemptionCosts, PreemptionCounts
+    from tierserve.policies import Policy
+
+S = RequestStatus
+
+
+class Preempting:
+    config: SchedulerConfig
+    kv: KVCacheManager
+    policy: Policy
+    costs: PreemptionCosts | None
+    running: dict[str, Request]
+    swapped: dict[str, Request]
+    preemptions: PreemptionCounts
+    preemption_events: list[tuple[Priority, str]]
+    seats_freed: int
+
+    def _enqueue(self, request: Request, requeue: bool) -> None: ...
+
+    def _shortfall(self, req: Request, n: int, computed: ComputedBlocks) -> int:
+        """Blocks `req` needs beyond what its class can be given right now."""
+        need = self.kv.blocks_needed(req, n, computed)
+        revived = sum(1 for b in computed.blocks if b.ref_cnt == 0)
+        return max(0, need + revived - self.kv.headroom(req.priority))
+
+    def _make_room(self, req: Request, blocks: int, plan: StepPlan, seat: bool = False) -> bool:
+        """Preempt running requests so `req` gains `blocks` blocks of headroom (and a seat, if
+        `seat`). Victims come from the policy, in the KV manager's reclaim order. Returns
+        whether any were preempted."""
+        if blocks <= 0 and not seat:
+            return False
+        may = self.policy.may_preempt
+        others = [rid for rid, r in self.running.items() if r is not req and may(req, r)]
+        if not others:
+            return False
+        order = self.kv.reclaim_order(req.priority, others)
+        cands = [VictimCandidate(self.running[v.request_id], v.useful_blocks) for v in order]
+        victims = self.policy.select_victims(cands, req, max(0, blocks))
+        for v in victims:
+            self._preempt(v, plan)
+        return bool(victims)
+
+    def _preempt(self, victim: Request, plan: StepPlan) -> None:
+        rid = victim.request_id
+        plan.unschedule(victim)
+        blocks = len(self.kv.block_ids(rid))
+        mode = choose_mode(
+            self.config.preemption_mode,
+            self.costs,
+            blocks,
+            victim.num_computed_tokens,
+            self.config.swap_cost_ratio,
+        )
+        mapping = self.kv.swap_out(victim) if mode == PreemptionMode.SWAP else None
+        del self.running[rid]
+        self.seats_freed += 1
+        victim.num_preemptions += 1
+        self.preemptions.by_victim_class[victim.priority] += 1
+        self.preemption_events.append(
+            (victim.base_priority, "swap" if mapping is not None else "recompute")
+        )
+        if mapping is not None:
+            victim.transition(S.SWAPPED)
+            self.swapped[rid] = victim
+            plan.swap_out(victim, mapping)
+            self.preemptions.swap += 1
+            self.preemptions.swapped_out_blocks += len(mapping)
+        else:
+            self.kv.free(rid)
+            victim.num_computed_tokens = 0
+            victim.transition(S.PREEMPTED)
+            self._enqueue(victim, requeue=True)
+            plan.preempt_recompute(victim)
+            self.preemptions.recompute += 1
