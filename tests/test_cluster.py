@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.server_utils import free_port, small_engine_args
 from tierserve.api.settings import ServerSettings
 from tierserve.priority import Priority
-from tierserve.request import Request
+from tierserve.request import EngineRequest
 from tierserve.routing import RouteRequest
 from tierserve.sampling_params import SamplingParams
 
@@ -87,9 +87,9 @@ def pinned(replica: str, priority: Priority, max_tokens: int):
     """Stream a request straight to `replica` through the engine deployment's handle (the
     router honours a pin); returns the response generator."""
     prompt = list(range(1000, 1040))
-    req = Request(
+    req = EngineRequest(
         f"fill-{uuid.uuid4().hex[:8]}",
-        prompt,
+        tuple(prompt),
         SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0),
         priority=priority,
     )

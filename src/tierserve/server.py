@@ -30,7 +30,6 @@ from tierserve.engine.builder import BuiltEngine, build_engine_off_main
 from tierserve.engine.load import LateRequestCheck
 from tierserve.memory import fix_mmap_threshold
 from tierserve.metrics import Metrics
-from tierserve.request import Request
 
 log = logging.getLogger("tierserve.server")
 
@@ -64,18 +63,12 @@ def build_state(
         if t.bucket is not None:
             admission.set_tenant_bucket(t.name, t.bucket)
 
-    def on_event(kind: str, req: Request) -> None:
-        if kind == "finished":
-            metrics.on_finished(req)
-        elif kind == "ended_late":
-            metrics.on_ended_late(req)
-
     def on_step(stats) -> None:
         metrics.on_step(stats, built.executor.last_swap_seconds)
         for prio, reason in stats.preemptions:
             metrics.on_preempted(prio, reason)
 
-    engine.set_observers(on_event, on_step, metrics.on_snapshot, metrics.on_tokens)
+    engine.set_observers(metrics.on_event, on_step, metrics.on_snapshot)
     adm = args.admission
     if adm.sla_admission:  # the re-check of waiting requests, on the engine thread
         engine.recheck = LateRequestCheck(args.priorities, adm.sla_margin, adm.sla_recheck_s)

@@ -33,11 +33,11 @@ from tierserve.cluster import wire
 from tierserve.cluster.fleet import ReplicaLoad
 from tierserve.cluster.signals import ClassSignals, ClassWindow
 from tierserve.engine.args import EngineArgs
-from tierserve.engine.async_engine import AsyncEngine, EngineDeadError, StreamDelta
+from tierserve.engine.async_engine import AsyncEngine, EngineDeadError
 from tierserve.engine.builder import build_engine_off_main
+from tierserve.engine.events import Added, EngineEvent, ErrorKind, Finished, FirstToken, StreamDelta
 from tierserve.engine.snapshot import EngineSnapshot
 from tierserve.metrics import Metrics
-from tierserve.request import Request
 from tierserve.routing import ReplicaStats, replica_stats
 
 log = logging.getLogger("tierserve.cluster")
@@ -77,16 +77,15 @@ class EngineReplica:
         log.info("engine replica %s ready", self.replica_id)
 
     # -- the engine thread ----------------------------------------------------------------------
-    def _on_event(self, kind: str, req: Request) -> None:
-        if kind == "added":
-            self.window.on_added(req.request_id, req.base_priority, req.arrival_time)
-        elif kind == "first_token":
-            self.metrics.on_first_token(req)
-            t = req.first_token_time
-            self.window.on_first_token(req.request_id, req.base_priority, t - req.arrival_time, t)
-        elif kind == "finished":
-            self.metrics.on_finished(req)
-            self.window.on_finished(req.request_id)
+    def _on_event(self, event: EngineEvent) -> None:
+        self.metrics.on_event(event)
+        match event:
+            case Added(info):
+                self.window.on_added(info.request_id, info.priority, info.arrival_time)
+            case FirstToken(info, at):
+                self.window.on_first_token(info.request_id, info.priority, event.ttft, at)
+            case Finished(info):
+                self.window.on_finished(info.request_id)
 
     def _on_step(self, stats) -> None:
         self.metrics.on_step(stats, self.built.executor.last_swap_seconds)
@@ -132,25 +131,26 @@ class EngineReplica:
         }
 
     async def generate(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        req = wire.request_from_payload(payload, self.engine.core.clock.now())
+        req = wire.request_from_payload(payload, self.engine.clock.now())
         reason, rank = wire.chosen_reason(payload, self.replica_id)
         try:
             stream = self.engine.submit(req)  # in the engine's command queue from here on
         except EngineDeadError as exc:
             yield wire.hello(self.replica_id, reason, rank)
             yield wire.delta_chunk(
-                StreamDelta(finished=True, finish_reason="error", error=str(exc))
+                StreamDelta(
+                    finished=True,
+                    finish_reason="error",
+                    error=str(exc),
+                    error_kind=ErrorKind.ENGINE,
+                )
             )
             return
-        done = False
-        try:
+        # Cancelled anywhere, even before its deltas began: the exit frees its KV now.
+        async with stream:
             yield wire.hello(self.replica_id, reason, rank)
-            async for d in self.engine.deltas(stream):
-                done = d.finished
+            async for d in stream.deltas():
                 yield wire.delta_chunk(d)
-        finally:
-            if not done:  # cancelled, even before deltas() began: free its KV now
-                self.engine.abort(req.request_id, "stream cancelled")
 
     async def _report_loop(self) -> None:
         last_metrics = 0.0
