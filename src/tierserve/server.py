@@ -27,6 +27,7 @@ from tierserve.chat.template import load_chat_template
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.async_engine import AsyncEngine
 from tierserve.engine.builder import BuiltEngine, build_engine_off_main
+from tierserve.engine.core import StepStats
 from tierserve.engine.load import LateRequestCheck
 from tierserve.memory import fix_mmap_threshold
 from tierserve.metrics import Metrics
@@ -63,10 +64,8 @@ def build_state(
         if t.bucket is not None:
             admission.set_tenant_bucket(t.name, t.bucket)
 
-    def on_step(stats) -> None:
+    def on_step(stats: StepStats) -> None:
         metrics.on_step(stats, built.executor.last_swap_seconds)
-        for prio, reason in stats.preemptions:
-            metrics.on_preempted(prio, reason)
 
     engine.set_observers(metrics.on_event, on_step, metrics.on_snapshot)
     adm = args.admission

@@ -35,6 +35,7 @@ from tierserve.cluster.signals import ClassSignals, ClassWindow
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.async_engine import AsyncEngine, EngineDeadError
 from tierserve.engine.builder import build_engine_off_main
+from tierserve.engine.core import StepStats
 from tierserve.engine.events import Added, EngineEvent, ErrorKind, Finished, FirstToken, StreamDelta
 from tierserve.engine.snapshot import EngineSnapshot
 from tierserve.metrics import Metrics
@@ -87,10 +88,8 @@ class EngineReplica:
             case Finished(info):
                 self.window.on_finished(info.request_id)
 
-    def _on_step(self, stats) -> None:
+    def _on_step(self, stats: StepStats) -> None:
         self.metrics.on_step(stats, self.built.executor.last_swap_seconds)
-        for prio, reason in stats.preemptions:
-            self.metrics.on_preempted(prio, reason)
 
     def _on_snapshot(self, snap: EngineSnapshot) -> None:
         self.metrics.on_snapshot(snap)
@@ -98,11 +97,10 @@ class EngineReplica:
             self._make_report(snap)
 
     def _make_report(self, snap: EngineSnapshot) -> None:
-        core = self.engine.core
         self._last_stats = snap.taken_at
         self.report = _Report(  # one reference swap; the event loop reads it whole
-            replica_stats(core, self.replica_id),
-            self.window.summary(core.clock.now()),
+            replica_stats(snap.scheduler, self.replica_id),
+            self.window.summary(snap.taken_at),
             ReplicaLoad.of(snap),
         )
 

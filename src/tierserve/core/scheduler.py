@@ -30,6 +30,7 @@ from tierserve.core.kv.manager import NO_HITS, ComputedBlocks
 from tierserve.core.limits import RequestLimits
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts, PreemptionCounts, PreemptionMode, choose_mode
+from tierserve.core.stats import Preemption, SchedulerStats, scheduler_stats
 from tierserve.core.step_state import StepPlan
 from tierserve.core.stopping import take_output
 from tierserve.policies import Policy, SchedulerState, VictimCandidate
@@ -72,8 +73,7 @@ class Scheduler:
         self.served = [0] * NUM_PRIORITIES
         self.served_tokens = [0] * NUM_PRIORITIES
         policy.can_hold = self.limits.fits
-        # (victim's submitted class, "swap" | "recompute") since the last drain, for observers.
-        self.preemption_events: list[tuple[Priority, str]] = []
+        self.step_preemptions: list[Preemption] = []  # in the last schedule()
         self._changed: list[Request] = []  # finished inside schedule(), reported with the step
         self._last_express = -(10**9)
         self.express_steps = 0
@@ -110,6 +110,7 @@ class Scheduler:
             self.kv.set_p1_waiting(self.policy.waiting_by_class()[Priority.P1] > 0)
         plan = StepPlan(self._step, self.config.max_num_batched_tokens)
         self._step += 1
+        self.step_preemptions = []
         plan.out.finished_req_ids = self._forget
         self._forget = set()
         express = self._express_step()
@@ -299,9 +300,8 @@ class Scheduler:
         del self.running[rid]
         victim.num_preemptions += 1
         self.preemptions.by_victim_class[victim.priority] += 1
-        self.preemption_events.append(
-            (victim.base_priority, "swap" if mapping is not None else "recompute")
-        )
+        swap = PreemptionMode.SWAP if mapping is not None else PreemptionMode.RECOMPUTE
+        self.step_preemptions.append(Preemption(victim.base_priority, swap))
         if mapping is not None:
             victim.transition(S.SWAPPED)
             self.swapped[rid] = victim
@@ -390,6 +390,10 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    def make_stats(self, with_queue: bool = False) -> SchedulerStats:
+        """The state as one frozen record (core/stats.py); `with_queue`: the predictor's view."""
+        return scheduler_stats(self, with_queue)
 
     # -- invariants ---------------------------------------------------------------------------
     def check_invariants(self, out: SchedulerOutput | None = None) -> None:

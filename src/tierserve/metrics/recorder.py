@@ -151,6 +151,8 @@ class Metrics:
     def on_step(self, stats: StepStats, swap_seconds: tuple[float, float]) -> None:
         """After each step that ran something."""
         f = self.f
+        for p in stats.preemptions:
+            self.on_preempted(p.priority, p.mode)
         f.schedule_time.labels().observe(stats.schedule_s)
         f.iteration_tokens.labels().observe(stats.num_tokens)
         f.v_iteration.labels().observe(stats.num_tokens)
