@@ -106,7 +106,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         now = self.clock.now()
         self.kv.observe(now)
-        if self.policy.class_aware:
+        if self.policy.traits.class_aware:
             self.kv.set_p1_waiting(self.policy.waiting_by_class()[Priority.P1] > 0)
         plan = StepPlan(self._step, self.config.max_num_batched_tokens)
         self._step += 1
@@ -134,7 +134,7 @@ class Scheduler:
         remaining = req.num_tokens - req.num_computed_tokens - already
         cap = budget
         if req.num_prompt_tokens > self.config.long_prefill_threshold and not (
-            self.policy.prefill_cap_exempt(req)
+            self.policy.traits.prefill_cap_exempt(req)
         ):
             cap = min(cap, self.config.long_prefill_max_tokens)
         return max(0, min(remaining, cap))
@@ -144,9 +144,9 @@ class Scheduler:
             return
         waiting = self.policy.waiting_by_class()
         top_waiting = next((c for c in range(NUM_PRIORITIES) if waiting[c]), NUM_PRIORITIES)
-        if not self.policy.class_aware:
+        if not self.policy.traits.class_aware:
             top_waiting = NUM_PRIORITIES  # nobody waiting outranks a swapped request
-        for req in sorted(self.swapped.values(), key=self.policy.rank):
+        for req in sorted(self.swapped.values(), key=self.policy.traits.rank):
             if self._seats() <= 0 or plan.budget <= 0 or top_waiting < req.priority:
                 break
             mapping = self.kv.swap_in(req)
@@ -163,7 +163,7 @@ class Scheduler:
         so its first token does not wait behind other classes' work. Rate-limited so the others
         cannot starve. Returns the express mode, or None for a normal step."""
         cfg = self.config
-        if cfg.p0_express == "off" or not self.policy.p0_strict:
+        if cfg.p0_express == "off" or not self.policy.traits.p0_strict:
             return None
         if self._waiting_count[Priority.P0] == 0:
             return None
@@ -180,7 +180,7 @@ class Scheduler:
         # earlier. Decodes (one token) are never held back, so a chunk also leaves room for the
         # decodes ranked after it.
         ahead = self._strict_ahead()
-        ranked = sorted(self.running.values(), key=self.policy.rank)
+        ranked = sorted(self.running.values(), key=self.policy.traits.rank)
         decodes_left = sum(1 for r in ranked if r.num_tokens - r.num_computed_tokens == 1)
         for req in ranked:
             decodes_left -= req.num_tokens - req.num_computed_tokens == 1
@@ -217,10 +217,10 @@ class Scheduler:
 
     def _strict_ahead(self) -> list[int]:
         """Tokens waiting, per class, in the classes the policy serves strictly before it."""
-        strict = self.policy.strict_before
+        strict = self.policy.traits.strict_before
         ahead = [0] * NUM_PRIORITIES
         for c in range(NUM_PRIORITIES):
-            ahead[c] = sum(self._waiting_tokens[k] for k in strict(Priority(c)))
+            ahead[c] = sum(self._waiting_tokens[k] for k in strict[c])
         return ahead
 
     def _admit_waiting(self, plan: StepPlan, now: float, only_p0: bool = False) -> None:

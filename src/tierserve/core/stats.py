@@ -142,7 +142,7 @@ def scheduler_stats(s: Scheduler, with_queue: bool = False) -> SchedulerStats:
 def queue_stats(s: Scheduler) -> QueueStats:
     """The waiting queue as the TTFT predictor sees it. O(waiting)."""
     policy = s.policy
-    fair = policy.tenant_fair
+    fair = policy.traits.tenant_fair
     waiting, promoted = [0] * NUM_PRIORITIES, [0] * NUM_PRIORITIES
     by_tenant: list[dict[str, list[int]]] = [{} for _ in range(NUM_PRIORITIES)]
     for r in policy.requests():

@@ -83,7 +83,7 @@ class EngineCore:
         # Rates for the TTFT predictor, measured on this engine's clock (admission/ttft.py).
         costs = scheduler.costs
         self.load_meter = LoadMeter(costs.prefill_tokens_per_s if costs else None)
-        self.service_order = scheduler.policy.service_order()
+        self.service_order = scheduler.policy.traits.service_order
 
     @classmethod
     def build(
@@ -96,7 +96,7 @@ class EngineCore:
         priorities: PriorityConfig | None = None,
     ) -> EngineCore:
         pol = create_policy(policy or PolicyConfig(), priorities)
-        if not pol.class_aware:  # a class-blind policy gets one shared pool: no floor, no reserve
+        if not pol.traits.class_aware:  # class-blind: one shared pool, no floor, no reserve
             cache = replace(cache, partitions=FLAT_PARTITIONS)
         kv = KVCacheManager(cache)
         scheduler = Scheduler(
