@@ -4,8 +4,9 @@ The TTFT predictor and SLA admission read ``PolicyTraits.service_order`` instead
 policy runs, so a policy whose ``_choose`` drifted from its declaration would make admission
 decide on a queue that is not the real one. Properties, on random backlogs:
 
-* precedence: ``_choose`` never picks class ``c`` while a class in ``before[c]`` waits (in the
-  regime the declaration describes: every head with an SLA has used its urgency fraction);
+* precedence: ``_choose`` never picks class ``c`` while a class the policy always serves first
+  (``strict_before[c]``) waits, nor, in the regime the order describes (every head with an SLA
+  has used its urgency fraction), while a class in ``before[c]`` waits;
 * sharing: two classes the order says share capacity, both backlogged, receive service in the
   ratio of their declared weights, within the policy's fairness bound;
 * a class-blind policy serves the whole queue in arrival order.
@@ -38,7 +39,7 @@ def build(name: str, weights=(8, 4, 2, 1)):
     return create_policy(replace(cfg, tenant_fairness=False))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     name=st.sampled_from(CLASSED),
     weights=WEIGHTS,
@@ -46,22 +47,26 @@ def build(name: str, weights=(8, 4, 2, 1)):
         st.tuples(st.sampled_from(list(Priority)), st.integers(1, 400), st.floats(0, 50)),
         max_size=24,
     ),
+    late=st.booleans(),
 )
-def test_choose_never_passes_over_a_class_declared_before(name, weights, backlog):
+def test_choose_never_passes_over_a_class_declared_before(name, weights, backlog, late):
     p = build(name, weights)
-    order = p.traits.service_order
+    traits = p.traits
     for prio, prompt, arrival in backlog:
         p.add(make_request(prompt, prio, max_tokens=1, arrival=arrival))
     waiting = {c for c, n in enumerate(p.waiting_by_class()) if n}
-    # Long after every arrival: each head with an SLA has used its urgency fraction.
-    state = SchedulerState(now=1e6, idle_seats=1)
+    # late: long after every arrival, each head with an SLA has used its urgency fraction.
+    state = SchedulerState(now=1e6 if late else 0.0, idle_seats=1)
     served = []
     while True:
         pick = p._choose(state)
         if pick is None:
             break
-        ahead = waiting & set(order.before[pick.priority])
-        assert not ahead, f"{name} served P{pick.priority} while {ahead} waited"
+        c = pick.priority
+        ahead = waiting & set(traits.strict_before[c])
+        if late:
+            ahead |= waiting & set(traits.service_order.before[c])
+        assert not ahead, f"{name} served P{c} while {ahead} waited"
         req = p.peek(state)
         p.commit(req)
         served.append(req)
