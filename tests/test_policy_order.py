@@ -43,17 +43,19 @@ def build(name: str, weights=(8, 4, 2, 1)):
 @given(
     name=st.sampled_from(CLASSED),
     weights=WEIGHTS,
-    backlog=st.lists(
-        st.tuples(st.sampled_from(list(Priority)), st.integers(1, 400), st.floats(0, 50)),
-        max_size=24,
+    backlog=st.lists(  # per class: (prompt tokens, arrival) of its waiting requests
+        st.lists(st.tuples(st.integers(1, 400), st.floats(0, 50)), max_size=6),
+        min_size=NUM_PRIORITIES,
+        max_size=NUM_PRIORITIES,
     ),
     late=st.booleans(),
 )
 def test_choose_never_passes_over_a_class_declared_before(name, weights, backlog, late):
     p = build(name, weights)
     traits = p.traits
-    for prio, prompt, arrival in backlog:
-        p.add(make_request(prompt, prio, max_tokens=1, arrival=arrival))
+    for prio, reqs in zip(Priority, backlog, strict=True):
+        for prompt, arrival in reqs:
+            p.add(make_request(prompt, prio, max_tokens=1, arrival=arrival))
     waiting = {c for c, n in enumerate(p.waiting_by_class()) if n}
     # late: long after every arrival, each head with an SLA has used its urgency fraction.
     state = SchedulerState(now=1e6 if late else 0.0, idle_seats=1)
@@ -71,7 +73,7 @@ def test_choose_never_passes_over_a_class_declared_before(name, weights, backlog
         p.commit(req)
         served.append(req)
         waiting = {c for c, n in enumerate(p.waiting_by_class()) if n}
-    assert len(served) == len(backlog) and not waiting
+    assert len(served) == sum(map(len, backlog)) and not waiting
 
 
 def _shared_pairs(name: str, weights) -> list[tuple[int, int]]:
