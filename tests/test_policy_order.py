@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,9 +40,9 @@ def build(name: str, weights=(8, 4, 2, 1)):
     return create_policy(replace(cfg, tenant_fairness=False))
 
 
-@settings(max_examples=80, deadline=None)
+@pytest.mark.parametrize("name", CLASSED)
+@settings(max_examples=60, deadline=None)
 @given(
-    name=st.sampled_from(CLASSED),
     weights=WEIGHTS,
     backlog=st.lists(  # per class: (prompt tokens, arrival) of its waiting requests
         st.lists(st.tuples(st.integers(1, 400), st.floats(0, 50)), max_size=6),
@@ -82,9 +83,9 @@ def _shared_pairs(name: str, weights) -> list[tuple[int, int]]:
     return [(c, k) for c in classes for k in classes if c < k and order.shares_with(c, k)]
 
 
+@pytest.mark.parametrize("name", ["drr", "wfq", "hybrid-sla"])
 @settings(max_examples=40, deadline=None)
 @given(
-    name=st.sampled_from(["drr", "wfq", "hybrid-sla"]),
     weights=WEIGHTS,
     which=st.integers(0, 5),
     costs=st.lists(st.integers(1, 400), min_size=2, max_size=2),
