@@ -247,3 +247,37 @@ def test_a_failed_choice_cancels_the_others_of_a_streamed_request():
             gc.enable()
         assert '"error"' in lines[-2] and lines[-1] == "data: [DONE]"
         assert freed < 1.0 and state.engine.snapshot.kv.num_free == 64
+
+
+def test_the_remote_engine_fails_and_aborts_like_the_local_one():
+    """fail (the drain at the grace deadline) ends a remote stream with its kind and cancels
+    the replica's generator; a stream closed before its task ever ran still gets its one
+    terminal delta and leaves nothing counted."""
+    built = fake_built(num_blocks=64, block_size=4, step_s=0.01)
+    local = AsyncEngine(built.engine, tiny_tokenizer())
+    client = _remote(_replica_over(local))
+
+    async def main():
+        long = client.submit(req("long", max_tokens=1000))
+        first = await long.queue.get()
+        client.fail("long", ErrorKind.SHUTDOWN, "grace period over")
+        async with long:
+            cut = [d async for d in long.deltas()][-1]
+        early = client.submit(req("early"))
+        early.close()  # before its pump task has run at all
+        async with early:
+            gone = [d async for d in early.deltas()]
+        while not _idle(local):
+            await asyncio.sleep(0.01)
+        return first, cut, gone
+
+    first, cut, gone = run_engine(local, main)
+    assert first.token_ids
+    assert (cut.finish_reason, cut.error_kind, cut.error) == (
+        "error",
+        ErrorKind.SHUTDOWN,
+        "grace period over",
+    )
+    assert len(gone) == 1 and gone[0].finish_reason == "abort"
+    assert client.num_in_flight() == 0 and client.in_flight_ids() == []
+    assert client.queued_tokens(Priority.P1) == 0  # the unacknowledged count let go
