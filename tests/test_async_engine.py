@@ -18,7 +18,7 @@ from tests.server_utils import running_server
 from tierserve.config import PartitionConfig
 from tierserve.engine.async_engine import AsyncEngine
 from tierserve.priority import Priority
-from tierserve.request import Request
+from tierserve.request import EngineRequest
 from tierserve.sampling_params import SamplingParams
 
 FLAT = PartitionConfig(p0_floor_min=0, p0_floor_max=0, p0_ceiling=1.0, p1_reserve=0)
@@ -42,16 +42,17 @@ def test_stream_ends_when_the_kv_cache_runs_out_on_a_lone_request():
     engine.start()
 
     async def run():
-        req = Request("lone", list(range(1, 26)), SamplingParams(max_tokens=2000, ignore_eos=True))
-        deltas = [d async for d in engine.generate(req)]
-        return req, deltas
+        sp = SamplingParams(max_tokens=2000, ignore_eos=True)
+        req = EngineRequest("lone", tuple(range(1, 26)), sp)
+        return [d async for d in engine.generate(req)]
 
     try:
-        req, deltas = asyncio.run(asyncio.wait_for(run(), timeout=20))
+        deltas = asyncio.run(asyncio.wait_for(run(), timeout=20))
     finally:
         engine.shutdown()
     assert deltas[-1].finished and deltas[-1].finish_reason == "length"
-    assert req.num_output_tokens == 40 - 25 + 1  # all 40 slots used; the last token needs none
+    # all 40 slots used; the last token needs none
+    assert deltas[-1].num_output_tokens == sum(len(d.token_ids) for d in deltas) == 40 - 25 + 1
     assert engine.num_in_flight() == 0
     assert engine.snapshot.kv.num_free == 10 and engine.snapshot.num_running == 0
 
@@ -163,14 +164,13 @@ def test_snapshot_is_immutable_and_counts_what_was_taken_in(policy):
     engine.start()
 
     async def run():
-        reqs = [
-            Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=2), priority=Priority(i % 4))
-            for i in range(8)
-        ]
+        sp = SamplingParams(max_tokens=2)
+        reqs = [EngineRequest(f"r{i}", (1, 2, 3), sp, priority=Priority(i % 4)) for i in range(8)]
         streams = [engine.submit(r) for r in reqs]
         for s in streams:
-            async for _ in engine.deltas(s):
-                pass
+            async with s:
+                async for _ in s.deltas():
+                    pass
 
     try:
         asyncio.run(asyncio.wait_for(run(), timeout=20))

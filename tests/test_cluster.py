@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.server_utils import free_port, small_engine_args
 from tierserve.api.settings import ServerSettings
 from tierserve.priority import Priority
-from tierserve.request import Request
+from tierserve.request import EngineRequest
 from tierserve.routing import RouteRequest
 from tierserve.sampling_params import SamplingParams
 
@@ -87,9 +87,9 @@ def pinned(replica: str, priority: Priority, max_tokens: int):
     """Stream a request straight to `replica` through the engine deployment's handle (the
     router honours a pin); returns the response generator."""
     prompt = list(range(1000, 1040))
-    req = Request(
+    req = EngineRequest(
         f"fill-{uuid.uuid4().hex[:8]}",
-        prompt,
+        tuple(prompt),
         SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0),
         priority=priority,
     )
@@ -227,6 +227,37 @@ def test_a_client_leaving_mid_stream_aborts_its_request_on_the_replica(cluster):
         lambda: metric(cluster, "llm_requests_total", finish_reason="abort") == aborted + 1,
         timeout=15,
     )
+
+
+def test_the_first_token_reaches_each_replica_s_autoscaling_window(cluster):
+    """Each replica's class window hears the typed FirstToken event from its engine thread: a
+    request streaming past its first token no longer counts as waiting. (The window once
+    listened for a "first_token" string nobody sent: every stream counted as waiting, its age
+    growing, until it finished.)"""
+    wait_for("idle engines", engines_idle, timeout=30)
+    replicas = sorted(board_view()["replicas"])
+    streams = [pinned(r, Priority.P1, 1000) for r in replicas]
+    handle = serve.get_deployment_handle("Engine", APP_NAME)
+    try:
+        for g in streams:  # hello, then the first token
+            assert next(g)["kind"] == "hello"
+            assert next(g)["token_ids"]
+
+        def streaming() -> bool:
+            reps = board_view()["replicas"]
+            return all(reps[r]["load"]["running"][Priority.P1] == 1 for r in replicas)
+
+        def no_p1_waiter() -> bool:
+            seen = [handle.record_autoscaling_stats.remote().result() for _ in range(6)]
+            return all(m["p1_waiting"] == 0 for m in seen)
+
+        wait_for("both streams running", streaming, timeout=30)
+        wait_for("the first tokens heard by the windows", no_p1_waiter, timeout=10)
+        assert streaming()  # still streaming: not the Finished event that emptied the window
+    finally:
+        for g in streams:
+            g.cancel()
+        wait_for("the streams aborted", engines_idle, timeout=30)
 
 
 # -- faults (last: it kills a replica) ----------------------------------------------------------

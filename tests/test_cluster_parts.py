@@ -25,7 +25,7 @@ from tierserve.core.limits import RequestLimits
 from tierserve.engine.async_engine import StreamDelta
 from tierserve.grammar import GrammarSpec
 from tierserve.priority import Priority
-from tierserve.request import Request
+from tierserve.request import EngineRequest
 from tierserve.routing import ReplicaStats, RouteRequest
 from tierserve.sampling_params import SamplingParams
 from tierserve.serve_cli import build_configs, merged_options
@@ -33,21 +33,20 @@ from tierserve.serve_cli import build_configs, merged_options
 # -- wire ----------------------------------------------------------------------------------------
 
 
-def make_request(rid="r-1", priority=Priority.P1, prompt=(5, 6, 7), **sp) -> Request:
+def make_request(rid="r-1", priority=Priority.P1, prompt=(5, 6, 7), **sp) -> EngineRequest:
     params = SamplingParams(max_tokens=8, stop=("x",), seed=3, **sp)
-    return Request(rid, list(prompt), params, priority=priority, tenant="acme", cache_salt="acme")
+    return EngineRequest(rid, prompt, params, priority=priority, tenant="acme", cache_salt="acme")
 
 
 def test_payload_round_trip_rebases_times_on_the_replica_clock():
-    req = make_request()
-    req.arrival_time, req.deadline = 100.0, 100.5
+    req = dataclasses.replace(
+        make_request(), arrival_time=100.0, deadline=100.5, eos_token_id=2, predicted_ttft=0.25
+    )
     route = RouteRequest.of(list(range(40)), Priority.P1, 16, "acme")
-    p = wire.request_payload(req, route, avoid=("dead",))
+    p = json.loads(json.dumps(wire.request_payload(req, route, avoid=("dead",))))
     back = wire.request_from_payload(p, now=7.0)
-    assert back.request_id == "r-1" and back.prompt_token_ids == [5, 6, 7]
-    assert back.sampling_params == req.sampling_params and back.priority == Priority.P1
-    assert (back.tenant, back.cache_salt) == ("acme", "acme")
-    assert back.arrival_time == 7.0 and back.deadline == pytest.approx(7.5)
+    # the frozen request, field for field, arriving at the replica's clock
+    assert back == dataclasses.replace(req, arrival_time=7.0, deadline=7.5)
     r, avoid, pin = wire.route_of(p)
     assert r == route and avoid == {"dead"} and pin is None
 
@@ -348,7 +347,8 @@ def remote(streams, max_retries=2):
 
 
 async def collect(eng, req):
-    return [d async for d in eng.deltas(eng.submit(req))]
+    async with eng.submit(req) as stream:
+        return [d async for d in stream.deltas()]
 
 
 def failures(m, outcome):
@@ -392,7 +392,7 @@ def test_leaving_early_cancels_the_remote_stream():
     eng, _, _ = remote([stream])
 
     async def main():
-        gen = eng.deltas(eng.submit(make_request()))
+        gen = eng.submit(make_request()).deltas()
         await gen.__anext__()
         await gen.aclose()
         for _ in range(5):
@@ -422,7 +422,7 @@ def test_queue_view_counts_requests_no_replica_has_acknowledged():
         loads = {"a": ReplicaLoad(running=(0, 2, 0, 0), waiting=(0, 1, 0, 0), max_num_seqs=2)}
         eng.set_view(FleetView(loads=loads, retired=((0, 5, 0, 0), (0, 50, 0, 0))))
         assert eng.queue_depth(Priority.P1) == 1 and eng.queued_tokens(Priority.P1) == 0
-        gen = eng.deltas(eng.submit(make_request()))  # 3 prompt tokens, not acknowledged yet
+        gen = eng.submit(make_request()).deltas()  # 3 prompt tokens, not acknowledged yet
         assert eng.queue_depth(Priority.P1) == 2 and eng.queued_tokens(Priority.P1) == 3
         go.set()
         out = [d async for d in gen]

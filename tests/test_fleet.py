@@ -52,7 +52,7 @@ def test_replica_stats_read_a_live_engine_exactly_and_change_nothing():
     engine.add_request(b)
     engine.step()  # a and b prefill whole and sample a token
     engine.add_request(c)  # no seat left: it waits
-    s = replica_stats(engine, "r7")
+    s = replica_stats(engine.scheduler.make_stats(), "r7")
     assert s.replica_id == "r7" and s.max_seats == 2 and s.block_size == 16
     assert s.max_step_tokens == 2048
     assert s.running == (0, 1, 0, 1) and s.free_seats == 0
@@ -72,7 +72,7 @@ def test_replica_stats_read_a_live_engine_exactly_and_change_nothing():
     assert s.prefix_match(RouteRequest.of(b.prompt_token_ids, Priority.P0, 16)) == 1
     assert s.time == engine.clock.now()
     # Reading twice gives the same and touches nothing.
-    assert replica_stats(engine, "r7") == s
+    assert replica_stats(engine.scheduler.make_stats(), "r7") == s
     engine.scheduler.check_invariants()
     assert json.loads(json.dumps(s.to_dict()))["running"] == [0, 1, 0, 1]
 
@@ -82,12 +82,12 @@ def test_replica_stats_count_chunked_prefill_and_forget_finished_prefixes():
     a = _req("a", 50, 2, Priority.P1)
     engine.add_request(a)
     engine.step()  # 32 of 50 prompt tokens
-    s = replica_stats(engine, "r0")
+    s = replica_stats(engine.scheduler.make_stats(), "r0")
     assert s.prefill_tokens == (0, 18, 0, 0) and s.outstanding_tokens == 18 + 2
     assert s.prefix_hashes == {hash_key(h) for h in a.block_hashes[:2]}
     while engine.has_unfinished():
         engine.step()
-    s = replica_stats(engine, "r0")
+    s = replica_stats(engine.scheduler.make_stats(), "r0")
     assert s.running == (0, 0, 0, 0) and s.outstanding_tokens == 0
     assert s.prefix_hashes == frozenset()  # still cached, no longer advertised
 
@@ -150,7 +150,8 @@ def test_the_step_oracle_sends_p0_where_the_step_in_flight_ends_first():
 
     engine_a, engine_b = _small_engine(), _small_engine()
     engine_b.clock.set(0.5)  # b's step in flight ends later
-    a, b = replica_stats(engine_a, "a"), replica_stats(engine_b, "b")
+    a = replica_stats(engine_a.scheduler.make_stats(), "a")
+    b = replica_stats(engine_b.scheduler.make_stats(), "b")
     p0 = RouteRequest(Priority.P0, 32)
     assert step_oracle(p0, [b, a])[0] == ("a", "step-oracle")
     p1 = RouteRequest(Priority.P1, 32)

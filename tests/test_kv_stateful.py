@@ -50,7 +50,9 @@ class KVMachine(RuleBasedStateMachine):
         self.now = 0.0
 
     def _pick(self, pool: dict, i: int):
-        keys = sorted(pool)
+        # Insertion order, not the ids: request ids come from a process-wide counter, so their
+        # sorted order (and with it the run) would depend on the tests that ran before.
+        keys = list(pool)
         return pool[keys[i % len(keys)]]
 
     # -- rules ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from tierserve.clock import WallClock
 from tierserve.config import AdmissionConfig
 from tierserve.engine.async_engine import AsyncEngine
 from tierserve.priority import Priority
-from tierserve.request import Request
+from tierserve.request import EngineRequest
 from tierserve.sampling_params import SamplingParams
 
 P0, P3 = Priority.P0, Priority.P3
@@ -47,13 +47,13 @@ def _burst(order: list[Priority]) -> tuple[dict, list]:
             admitted[prio] += 1
             if d.shed:
                 engine.shed(prio, SHED)
-            req = Request(f"{prio.label}-{i}", [1, 2, 3, 4], SamplingParams(max_tokens=4))
-            req.priority = req.base_priority = prio
+            sp = SamplingParams(max_tokens=4)
+            req = EngineRequest(f"{prio.label}-{i}", (1, 2, 3, 4), sp, priority=prio)
             streams.append((prio, engine.submit(req)))
         engine.start()
         last = []
         for prio, s in streams:
-            async for d in engine.deltas(s):
+            async for d in s.deltas():
                 if d.finished:
                     last.append((prio, d))
         return last

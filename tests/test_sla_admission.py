@@ -6,6 +6,7 @@ simulator's and the server's views of the engine give identical decisions."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import zlib
 from dataclasses import replace
 
@@ -33,7 +34,7 @@ from tierserve.engine.load import CoreQueueView, LateRequestCheck, measure_load
 from tierserve.executor.fake import FakeExecutor
 from tierserve.policies import create_policy
 from tierserve.priority import Priority
-from tierserve.request import Request
+from tierserve.request import EngineRequest, Request
 from tierserve.sampling_params import SamplingParams
 
 P0, P1, P2, P3 = Priority
@@ -309,7 +310,7 @@ def test_the_simulator_and_the_server_decide_identically(reqs, policy, steps_eve
             assert replace(a, queue_depth=0) == replace(b, queue_depth=0)
             if a.admitted:
                 req = request(f"r{i}", a.priority, n, tenant, clock.now())
-                engine.submit(req)  # the event loop's side
+                engine.submit(EngineRequest(**_args(req)))  # the event loop's side
                 assert server.queue.load().waiting_tokens == measure_load_after(core, req)
                 engine._drain_commands()  # the engine thread takes it in...
                 engine._publish()  # ...and publishes
@@ -318,6 +319,10 @@ def test_the_simulator_and_the_server_decide_identically(reqs, policy, steps_eve
                 engine._publish()
 
     asyncio.run(run())
+
+
+def _args(req: Request) -> dict:
+    return {f.name: getattr(req, f.name) for f in dataclasses.fields(EngineRequest)}
 
 
 def measure_load_after(core: EngineCore, req: Request) -> tuple[int, ...]:

@@ -9,12 +9,17 @@ States::
 
 ``PREEMPTED`` means its KV was dropped (it is recomputed on resumption) and it sits in the
 waiting queue again; ``SWAPPED`` means its KV lives in CPU swap space. Illegal transitions raise.
+
+A ``Request`` is engine-side state, owned by whoever steps the engine (the engine thread in the
+server). What crosses a thread or a process is an ``EngineRequest``: frozen, plain data, from
+which the engine builds its own ``Request`` (``to_request``). So aging, preemption and token
+appends change objects no other thread can see.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from tierserve.core.outputs import PromptLogprobs, TopLogprobs
 from tierserve.priority import Priority
@@ -57,6 +62,47 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"
     ABORT = "abort"
     ERROR = "error"
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A request as submitted to an engine: immutable; the engine thread builds its ``Request``.
+    The fields are ``Request``'s constructor arguments."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    priority: Priority = Priority.P1
+    tenant: str = "default"
+    arrival_time: float = 0.0
+    deadline: float | None = None
+    cache_salt: str | None = None
+    eos_token_id: int | None = None
+    end_if_late: bool = False
+    predicted_ttft: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if len(self.prompt_token_ids) == 0:
+            raise ValueError(f"request {self.request_id}: the prompt has no tokens")
+        object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
+        object.__setattr__(self, "priority", Priority(self.priority))
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    num_tokens = num_prompt_tokens  # nothing generated yet
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.sampling_params.max_tokens
+
+    def to_request(self) -> Request:
+        """A new engine-side Request (call on the thread that steps the engine)."""
+        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        return Request(**kw)
 
 
 @dataclass(eq=False)

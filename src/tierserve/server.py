@@ -31,11 +31,11 @@ from tierserve.cpu_threads import ThreadChoice, choose_threads
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.async_engine import AsyncEngine
 from tierserve.engine.builder import BuiltEngine, build_engine_off_main, engine_thread_start
+from tierserve.engine.core import StepStats
 from tierserve.engine.load import LateRequestCheck
 from tierserve.memory import fix_mmap_threshold
 from tierserve.metrics import Metrics
 from tierserve.model.loader import ModelNotFound
-from tierserve.request import Request
 
 log = logging.getLogger("tierserve.server")
 
@@ -62,18 +62,10 @@ def build_state(
         if t.bucket is not None:
             admission.set_tenant_bucket(t.name, t.bucket)
 
-    def on_event(kind: str, req: Request) -> None:
-        if kind == "finished":
-            metrics.on_finished(req)
-        elif kind == "ended_late":
-            metrics.on_ended_late(req)
-
-    def on_step(stats) -> None:
+    def on_step(stats: StepStats) -> None:
         metrics.on_step(stats, built.executor.last_swap_seconds)
-        for prio, reason in stats.preemptions:
-            metrics.on_preempted(prio, reason)
 
-    engine.set_observers(on_event, on_step, metrics.on_snapshot, metrics.on_tokens)
+    engine.set_observers(metrics.on_event, on_step, metrics.on_snapshot)
     engine.on_thread_start = partial(engine_thread_start, args.cpu_threads)
     adm = args.admission
     if adm.sla_admission:  # the re-check of waiting requests, on the engine thread

@@ -15,6 +15,7 @@ import logging
 import time
 
 from tierserve.api.state import ServerState
+from tierserve.engine.events import ErrorKind
 
 log = logging.getLogger("tierserve.server")
 
@@ -33,5 +34,5 @@ async def drain(state: ServerState, grace_s: float, poll_s: float = 0.05) -> int
     if cut:
         log.warning("grace period of %g s ended: failing %d request(s) in flight", grace_s, cut)
         for rid in state.engine.in_flight_ids():
-            state.engine.fail(rid, SHUTDOWN_ERROR)
+            state.engine.fail(rid, ErrorKind.SHUTDOWN, SHUTDOWN_ERROR)
     return cut

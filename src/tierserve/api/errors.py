@@ -7,6 +7,8 @@ from fastapi.responses import JSONResponse
 
 from tierserve.admission import Decision
 from tierserve.admission.sla import retry_after_seconds
+from tierserve.admission.ttft import SLA_UNREACHABLE
+from tierserve.engine.events import ErrorKind
 
 
 class APIError(Exception):
@@ -30,6 +32,25 @@ class APIError(Exception):
         )
         self.retry_after_s = retry_after_s
         self.headers = dict(headers or {})
+
+
+# How a request the engine ended with an error is answered: (HTTP status of a non-streamed
+# request, OpenAI error type, code). A 503 also says when to retry. The one place a kind becomes
+# a status; tests/test_engine_events.py checks that every kind is here.
+ENGINE_ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {
+    ErrorKind.INVALID: (400, "invalid_request_error", None),
+    ErrorKind.SHED: (503, "resource_exhausted", None),
+    ErrorKind.SLA_UNREACHABLE: (503, "resource_exhausted", SLA_UNREACHABLE),
+    ErrorKind.SHUTDOWN: (503, "server_error", None),
+    ErrorKind.ENGINE: (500, "server_error", None),
+    ErrorKind.REPLICA_LOST: (500, "server_error", None),
+}
+
+
+def engine_error(kind: ErrorKind | None, message: str, retry_after_s: float | None) -> APIError:
+    """The APIError of a request the engine ended with an error of `kind` (None: ENGINE)."""
+    status, typ, code = ENGINE_ERRORS[kind or ErrorKind.ENGINE]
+    return APIError(status, message, typ, code=code, retry_after_s=retry_after_s)
 
 
 def error_response(err: APIError) -> JSONResponse:

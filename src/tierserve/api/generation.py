@@ -2,9 +2,12 @@
 deltas merged as they come, a non-streamed answer collected, a streamed one as server-sent
 events.
 
-A streamed response is an async generator over the engine's deltas; when the client goes away,
-Starlette stops iterating it and the engine aborts the request at once, freeing its KV blocks.
-A non-streamed response watches for the disconnect itself, to the same end.
+Every reader runs inside ``async with prep`` (api/state.py ``Prepared``): however it leaves --
+the client went away, a choice failed, an exception -- the exit cancels the choices still
+running, and the engine aborts them at once, freeing their KV blocks. A streamed response also
+closes them from Starlette's background task, which runs after the response even when the
+client's disconnect cancelled it between two events. A non-streamed response watches for the
+disconnect itself, to the same end.
 """
 
 from __future__ import annotations
@@ -17,13 +20,12 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request as HTTPRequest
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
-from tierserve.admission.ttft import SLA_UNREACHABLE
-from tierserve.api.drain import SHUTDOWN_ERROR
-from tierserve.api.errors import APIError
+from tierserve.api.errors import ENGINE_ERRORS, APIError, engine_error
 from tierserve.api.state import Prepared, ServerState
 from tierserve.api.tenancy import SERVED_TIER
-from tierserve.engine.async_engine import AsyncEngine, StreamDelta
+from tierserve.engine.events import ErrorKind, StreamDelta
 
 log = logging.getLogger("tierserve.api")
 
@@ -41,16 +43,17 @@ def response_base(state: ServerState, prep: Prepared, model: str | None) -> dict
     }
 
 
-async def merged(engine: AsyncEngine, prep: Prepared) -> AsyncIterator[tuple[int, StreamDelta]]:
-    """Deltas of all choices, tagged with their index, as they come."""
+async def merged(prep: Prepared) -> AsyncIterator[tuple[int, StreamDelta]]:
+    """Deltas of all choices, tagged with their index, as they come (read inside
+    ``async with prep``)."""
     if len(prep.streams) == 1:
-        async for d in engine.deltas(prep.streams[0]):
+        async for d in prep.streams[0].deltas():
             yield 0, d
         return
     q: asyncio.Queue = asyncio.Queue()
 
     async def pump(i, stream):
-        async for d in engine.deltas(stream):
+        async for d in stream.deltas():
             await q.put((i, d))
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(prep.streams)]
@@ -73,19 +76,10 @@ def usage(prompt: int, completion: int) -> dict:
     }
 
 
-def _error_status(error: str | None, reason: str | None) -> int:
-    if error and (error.startswith(("shed", SLA_UNREACHABLE)) or error == SHUTDOWN_ERROR):
-        return 503  # with Retry-After
-    return 400 if reason == "error" and error and "context" in error else 500
-
-
-def _error_kind(error: str | None) -> tuple[str, str | None]:
-    """(OpenAI error type, code) of a request the engine ended with `error`."""
-    if error and error.startswith(SLA_UNREACHABLE):  # ended early: its SLA became unreachable
-        return "resource_exhausted", SLA_UNREACHABLE
-    if error and error.startswith("shed"):
-        return "resource_exhausted", None
-    return "server_error", None
+def error_event(d: StreamDelta) -> dict:
+    """The server-sent error event of a choice the engine ended with an error."""
+    _status, typ, code = ENGINE_ERRORS[d.error_kind or ErrorKind.ENGINE]
+    return {"error": {"message": d.error, "type": typ} | ({"code": code} if code else {})}
 
 
 class Choice:
@@ -94,6 +88,7 @@ class Choice:
         self.prompt_logprobs: list | None = None
         self.finish_reason: str | None = None
         self.error: str | None = None
+        self.error_kind: ErrorKind | None = None
         self.retry_after_s: float | None = None
         self.completion_tokens = 0
 
@@ -103,7 +98,7 @@ async def collect(state: ServerState, http: HTTPRequest, prep: Prepared) -> list
     choices = [Choice() for _ in prep.requests]
 
     async def run():
-        async for i, d in merged(state.engine, prep):
+        async for i, d in merged(prep):
             c = choices[i]
             c.text += d.text
             c.tokens += d.token_ids
@@ -118,24 +113,19 @@ async def collect(state: ServerState, http: HTTPRequest, prep: Prepared) -> list
                     d.error,
                     d.retry_after_s,
                 )
+                c.error_kind = d.error_kind
 
-    task = asyncio.create_task(run())
-    while not task.done():
-        await asyncio.wait({task}, timeout=0.5)
-        if not task.done() and await http.is_disconnected():
-            task.cancel()
-            raise APIError(499, "client disconnected")
-    await task
+    async with prep:
+        task = asyncio.create_task(run())
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.5)
+            if not task.done() and await http.is_disconnected():
+                task.cancel()
+                raise APIError(499, "client disconnected")
+        await task
     for c in choices:
         if c.error and c.finish_reason == "error":
-            kind, code = _error_kind(c.error)
-            raise APIError(
-                _error_status(c.error, c.finish_reason),
-                c.error,
-                kind,
-                code=code,
-                retry_after_s=c.retry_after_s,
-            )
+            raise engine_error(c.error_kind, c.error, c.retry_after_s)
     return choices
 
 
@@ -155,17 +145,16 @@ def stream(state, prep: Prepared, chunk: dict, body, n_prompt: int, make_choice:
     async def events():
         started, totals = set(), {}
         try:
-            async for i, d in merged(state.engine, prep):
-                if d.finished and d.finish_reason == "error":
-                    kind, code = _error_kind(d.error)
-                    err = {"message": d.error, "type": kind}
-                    yield _sse({"error": err | ({"code": code} if code else {})})
-                    break
-                totals[i] = d.num_output_tokens
-                choice = make_choice(i, d, i not in started)
-                if choice is not None:
-                    yield _sse({**chunk, "choices": [choice]})
-                    started.add(i)
+            async with prep:  # a failed choice ends the response: the others are cancelled
+                async for i, d in merged(prep):
+                    if d.finished and d.finish_reason == "error":
+                        yield _sse(error_event(d))
+                        break
+                    totals[i] = d.num_output_tokens
+                    choice = make_choice(i, d, i not in started)
+                    if choice is not None:
+                        yield _sse({**chunk, "choices": [choice]})
+                        started.add(i)
             if include_usage:
                 yield _sse({**chunk, "choices": [], "usage": usage(n_prompt, sum(totals.values()))})
         except Exception:  # the status line is sent: end the stream with an error event
@@ -174,4 +163,12 @@ def stream(state, prep: Prepared, chunk: dict, body, n_prompt: int, make_choice:
             yield _sse({"error": {"message": msg, "type": "server_error"}})
         yield _sse("[DONE]")
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=prep.headers)
+    async def close() -> None:  # after the response, however it ended (on the event loop)
+        prep.close()
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers=prep.headers,
+        background=BackgroundTask(close),
+    )

@@ -21,17 +21,17 @@ from tierserve.api.sampling import check_token_ids, sampling_params
 from tierserve.api.settings import ServerSettings
 from tierserve.api.tenancy import BadPriority, Resolution, TenantRegistry
 from tierserve.chat.prompt import ChatPrompter
-from tierserve.engine.async_engine import AsyncEngine, EngineDeadError
+from tierserve.engine.client import EngineClient, EngineDeadError, Stream
 from tierserve.grammar import GrammarSpec
 from tierserve.metrics import Metrics
 from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.priority import VALID_TIER_NAMES, Priority
-from tierserve.request import Request
+from tierserve.request import EngineRequest
 
 
 @dataclass
 class ServerState:
-    engine: AsyncEngine
+    engine: EngineClient
     tokenizer: ChatTokenizer
     admission: AdmissionController
     tenants: TenantRegistry
@@ -51,23 +51,39 @@ class ServerState:
 
 @dataclass
 class Prepared:
+    """An admitted request's engine requests (one per choice) and their streams. Read them
+    inside ``async with prepared``: its exit cancels every choice that has not ended."""
+
     resolution: Resolution
-    requests: list[Request]
+    requests: list[EngineRequest]
     headers: dict[str, str]
     request_id: str
-    streams: list = field(default_factory=list)
+    streams: list[Stream] = field(default_factory=list)
+
+    async def __aenter__(self) -> Prepared:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Cancel the choices that have not ended (event loop)."""
+        for s in self.streams:
+            s.close()
 
 
-def _requests(state, body, prompts, max_tokens, res, tenant, prefix, grammar) -> list[Request]:
-    """One engine Request per choice: prompt i, choice j is request (and index) i * n + j,
+def _requests(
+    state, body, prompts, max_tokens, res, tenant, prefix, grammar
+) -> list[EngineRequest]:
+    """One EngineRequest per choice: prompt i, choice j is request (and index) i * n + j,
     seeded `seed + j` (so a prompt gets the same choices alone or in a list)."""
-    now = state.engine.core.clock.now()
+    now = state.engine.clock.now()
     rid = f"{prefix}-{uuid.uuid4().hex[:16]}"
     deadline = now + body.sla_latency_ms / 1000 if body.sla_latency_ms else None
     return [
-        Request(
+        EngineRequest(
             f"{rid}-{i * body.n + j}",
-            list(ids),
+            tuple(ids),
             sampling_params(body, limit, state.eos_token_ids, j, grammar),
             priority=res.priority,
             tenant=tenant.name,
@@ -132,7 +148,7 @@ def prepare(
     grammar: GrammarSpec | None = None,
 ) -> Prepared | JSONResponse:
     """Validate and admit a request (`n` choices for each of `prompts`); return its engine
-    Requests, or a refusal response."""
+    requests, submitted, or a refusal response."""
     if state.draining:  # 503 with Retry-After: another replica, or this one after a restart
         raise APIError(503, "the server is shutting down", "resource_exhausted")
     check_model(state, body.model)
@@ -170,9 +186,8 @@ def prepare(
     predicted = decision.predicted_ttft_s
     if predicted is not None and not math.isfinite(predicted):
         predicted = None  # best effort behind a saturating class: no time to promise
-    for r in reqs:
-        r.predicted_ttft = predicted
-        r.end_if_late = tenant.sla_end_early and state.admission.config.sla_admission
+    end_if_late = tenant.sla_end_early and state.admission.config.sla_admission
+    reqs = [replace(r, predicted_ttft=predicted, end_if_late=end_if_late) for r in reqs]
     if decision.shed:
         state.engine.shed(
             res.priority,

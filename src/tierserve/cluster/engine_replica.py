@@ -33,12 +33,13 @@ from tierserve.cluster import wire
 from tierserve.cluster.fleet import ReplicaLoad
 from tierserve.cluster.signals import ClassSignals, ClassWindow
 from tierserve.engine.args import EngineArgs
-from tierserve.engine.async_engine import AsyncEngine, EngineDeadError, StreamDelta
+from tierserve.engine.async_engine import AsyncEngine, EngineDeadError
 from tierserve.engine.builder import build_engine_off_main
+from tierserve.engine.core import StepStats
+from tierserve.engine.events import Added, EngineEvent, ErrorKind, Finished, FirstToken, StreamDelta
 from tierserve.engine.snapshot import EngineSnapshot
 from tierserve.metrics import Metrics
 from tierserve.metrics.recorder import DEFAULT_MODEL_NAME
-from tierserve.request import Request
 from tierserve.routing import ReplicaStats, replica_stats
 
 log = logging.getLogger("tierserve.cluster")
@@ -76,9 +77,9 @@ class EngineReplica:
         self.engine.publish_load = False  # no SLA admission behind a cluster ingress (yet)
         self._last_stats = 0.0  # engine thread only
         self._make_report(self.engine.snapshot)
-        self.engine.set_observers(
-            self._on_event, self._on_step, self._on_snapshot, self.metrics.on_tokens
-        )  # on_tokens: TTFT, inter-token latency, prompt tokens, as in the single server
+        # Metrics hear every event (TTFT, inter-token latency, prompt tokens), as in the single
+        # server; the class window hears added / first token / finished.
+        self.engine.set_observers(self._on_event, self._on_step, self._on_snapshot)
         self.engine.start()
         self._board = board
         self._period = report_period_s
@@ -86,20 +87,18 @@ class EngineReplica:
         log.info("engine replica %s ready", self.replica_id)
 
     # -- the engine thread ----------------------------------------------------------------------
-    def _on_event(self, kind: str, req: Request) -> None:
-        if kind == "added":
-            self.window.on_added(req.request_id, req.base_priority, req.arrival_time)
-        elif kind == "first_token":
-            t = req.first_token_time
-            self.window.on_first_token(req.request_id, req.base_priority, t - req.arrival_time, t)
-        elif kind == "finished":
-            self.metrics.on_finished(req)
-            self.window.on_finished(req.request_id)
+    def _on_event(self, event: EngineEvent) -> None:
+        self.metrics.on_event(event)
+        match event:
+            case Added(info):
+                self.window.on_added(info.request_id, info.priority, info.arrival_time)
+            case FirstToken(info, at):
+                self.window.on_first_token(info.request_id, info.priority, event.ttft, at)
+            case Finished(info):
+                self.window.on_finished(info.request_id)
 
-    def _on_step(self, stats) -> None:
+    def _on_step(self, stats: StepStats) -> None:
         self.metrics.on_step(stats, self.built.executor.last_swap_seconds)
-        for prio, reason in stats.preemptions:
-            self.metrics.on_preempted(prio, reason)
 
     def _on_snapshot(self, snap: EngineSnapshot) -> None:
         self.metrics.on_snapshot(snap)
@@ -107,11 +106,10 @@ class EngineReplica:
             self._make_report(snap)
 
     def _make_report(self, snap: EngineSnapshot) -> None:
-        core = self.engine.core
         self._last_stats = snap.taken_at
         self.report = _Report(  # one reference swap; the event loop reads it whole
-            replica_stats(core, self.replica_id),
-            self.window.summary(core.clock.now()),
+            replica_stats(snap.scheduler, self.replica_id),
+            self.window.summary(snap.taken_at),
             ReplicaLoad.of(snap),
         )
 
@@ -140,25 +138,26 @@ class EngineReplica:
         }
 
     async def generate(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        req = wire.request_from_payload(payload, self.engine.core.clock.now())
+        req = wire.request_from_payload(payload, self.engine.clock.now())
         reason, rank = wire.chosen_reason(payload, self.replica_id)
         try:
             stream = self.engine.submit(req)  # in the engine's command queue from here on
         except EngineDeadError as exc:
             yield wire.hello(self.replica_id, reason, rank)
             yield wire.delta_chunk(
-                StreamDelta(finished=True, finish_reason="error", error=str(exc))
+                StreamDelta(
+                    finished=True,
+                    finish_reason="error",
+                    error=str(exc),
+                    error_kind=ErrorKind.ENGINE,
+                )
             )
             return
-        done = False
-        try:
+        # Cancelled anywhere, even before its deltas began: the exit frees its KV now.
+        async with stream:
             yield wire.hello(self.replica_id, reason, rank)
-            async for d in self.engine.deltas(stream):
-                done = d.finished
+            async for d in stream.deltas():
                 yield wire.delta_chunk(d)
-        finally:
-            if not done:  # cancelled, even before deltas() began: free its KV now
-                self.engine.abort(req.request_id, "stream cancelled")
 
     async def _report_loop(self) -> None:
         last_metrics = 0.0

@@ -1,17 +1,17 @@
 """RemoteEngine: the ingress's stand-in for ``AsyncEngine``, over the engine replicas.
 
 The API layer (``api/``: auth, tenants, tiers, admission, SSE) runs unchanged on a cluster
-ingress; it calls ``submit``/``deltas``, reads ``limits`` and ``core.clock``, and admission
-reads the queue view (``queue_depth``, ``queued_tokens``, ``can_shed``, ``dequeued``). Here a
-submitted request is streamed from an engine replica chosen by the request router, through a
+ingress: this is the other ``EngineClient`` (engine/client.py), and admission reads its queue
+view (``queue_depth``, ``queued_tokens``, ``can_shed``, ``dequeued``). Here a submitted
+``EngineRequest`` is streamed from an engine replica chosen by the request router, through a
 Ray Serve deployment handle (``open_stream``, injected so tests can fake it).
 
 Faults. A stream that breaks because its replica died (``is_replica_failure``) is sent again,
 to another replica (the dead one is named in ``avoid``), if it has not streamed a token yet;
 after a token it ends with an error delta (the API turns that into an error chunk and
 ``[DONE]``). Any other exception also ends the stream with an error delta. Every stream ends
-with exactly one terminal delta; leaving ``deltas`` early (client gone) cancels the remote
-generator, which aborts the request on its replica and frees its KV blocks.
+with exactly one terminal delta; closing a stream early (client gone; ``abort``, ``fail``)
+cancels the remote generator, which aborts the request on its replica and frees its KV blocks.
 
 Queue view. The fleet board's latest ``FleetView`` (refreshed by the ingress a few times a
 second; ``view`` is replaced whole, never mutated) plus what this ingress has sent that no
@@ -29,16 +29,16 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tierserve.clock import Clock
 from tierserve.cluster import wire
 from tierserve.cluster.fleet import FleetView
 from tierserve.core.limits import RequestLimits
-from tierserve.engine.async_engine import EngineDeadError, StreamDelta
+from tierserve.engine.client import EngineDeadError, Stream
+from tierserve.engine.events import ErrorKind, StreamDelta
 from tierserve.priority import NUM_PRIORITIES, Priority
-from tierserve.request import Request
+from tierserve.request import EngineRequest
 from tierserve.routing import RouteRequest
 
 log = logging.getLogger("tierserve.cluster")
@@ -58,21 +58,21 @@ class StreamEnded(Exception):
     """A replica's stream stopped without a final chunk."""
 
 
-@dataclass
-class _CoreClock:
-    clock: Clock  # api/state.py stamps arrivals with ``engine.core.clock``
+class RemoteStream(Stream):
+    def __init__(self, request: EngineRequest, route: RouteRequest) -> None:
+        super().__init__(request)
+        self.route = route
+        self.task: asyncio.Task | None = None
+        self.replica: str | None = None
+        self.sent_tokens = 0
+        self.acked = False
+        # Set by abort/fail: how the stream ends once its task is cancelled.
+        self.end: tuple[str, str, ErrorKind | None] = ("abort", "client disconnected", None)
 
-
-@dataclass
-class RemoteStream:
-    request: Request
-    route: RouteRequest
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    task: asyncio.Task | None = None
-    replica: str | None = None
-    sent_tokens: int = 0
-    acked: bool = False
-    done: bool = False
+    def _cancel(self, reason: str) -> None:
+        self.end = ("abort", reason, None)
+        if self.task is not None:
+            self.task.cancel()  # cancels the remote generator: the replica aborts the request
 
 
 class RemoteEngine:
@@ -87,12 +87,13 @@ class RemoteEngine:
     ) -> None:
         self._open_stream = open_stream
         self.limits = limits
-        self.core = _CoreClock(clock)
+        self.clock = clock
         self.metrics = metrics
         self._is_failure = is_replica_failure
         self.max_retries = max_retries
         self.view = FleetView()
         self.heartbeat = time.monotonic()
+        self.error: BaseException | None = None  # the replicas' engines fail on their own
         self._closed = False
         self._open: dict[str, RemoteStream] = {}
         self._unacked = [0] * NUM_PRIORITIES
@@ -108,11 +109,13 @@ class RemoteEngine:
     def num_in_flight(self) -> int:
         return len(self._open)
 
+    def in_flight_ids(self) -> list[str]:
+        return sorted(self._open)
+
     def shutdown(self, timeout: float = 5.0) -> None:
         self._closed = True
         for s in list(self._open.values()):
-            if s.task is not None:
-                s.task.cancel()
+            s.close("server shutting down")
 
     def set_view(self, view: FleetView) -> None:
         self.view = view
@@ -141,7 +144,7 @@ class RemoteEngine:
         return self.view.served(priority)
 
     # -- requests -----------------------------------------------------------------------------
-    def submit(self, request: Request) -> RemoteStream:
+    def submit(self, request: EngineRequest) -> RemoteStream:
         if self._closed:
             raise EngineDeadError("the ingress is shutting down")
         route = RouteRequest.of(
@@ -151,20 +154,19 @@ class RemoteEngine:
         self._open[request.request_id] = stream
         self._count(stream, +1)
         stream.task = asyncio.create_task(self._pump(stream))
+        stream.task.add_done_callback(lambda _task: self._settle(stream))
         return stream
 
-    async def deltas(self, stream: RemoteStream) -> AsyncIterator[StreamDelta]:
-        done = False
-        try:
-            while True:
-                delta: StreamDelta = await stream.queue.get()
-                done = delta.finished
-                yield delta
-                if done:
-                    return
-        finally:
-            if not done and stream.task is not None:
-                stream.task.cancel()  # cancels the remote generator: the replica aborts it
+    def abort(self, request_id: str, reason: str = "aborted") -> None:
+        stream = self._open.get(request_id)
+        if stream is not None:
+            stream.close(reason)
+
+    def fail(self, request_id: str, kind: ErrorKind, reason: str) -> None:
+        stream = self._open.get(request_id)
+        if stream is not None and stream.task is not None:
+            stream.end = ("error", reason, kind)
+            stream.task.cancel()
 
     def _count(self, stream: RemoteStream, sign: int) -> None:
         p = stream.request.priority
@@ -177,7 +179,9 @@ class RemoteEngine:
             stream.done = delta.finished
             stream.queue.put_nowait(delta)
 
-    def _end(self, stream: RemoteStream, reason: str, error: str) -> None:
+    def _end(
+        self, stream: RemoteStream, reason: str, error: str, kind: ErrorKind | None = None
+    ) -> None:
         req = stream.request
         self._put(
             stream,
@@ -187,6 +191,7 @@ class RemoteEngine:
                 error=error,
                 num_prompt_tokens=req.num_prompt_tokens,
                 num_output_tokens=stream.sent_tokens,
+                error_kind=kind,
             ),
         )
 
@@ -207,6 +212,7 @@ class RemoteEngine:
                         "error",
                         f"engine replica {lost} failed after streaming {stream.sent_tokens} "
                         f"tokens ({type(err).__name__}); the response is incomplete",
+                        ErrorKind.REPLICA_LOST,
                     )
                     return
                 if stream.replica:
@@ -214,16 +220,17 @@ class RemoteEngine:
                 stream.replica = None
                 if stream.acked:
                     self._count(stream, +1)
-        except asyncio.CancelledError:
-            self._end(stream, "abort", "client disconnected")
-            raise
         except Exception as exc:  # not a replica failure: end this stream, keep serving
             log.exception("stream %s failed", stream.request.request_id)
-            self._end(stream, "error", f"engine error: {exc!r}")
-        finally:
-            if not stream.acked:
-                self._count(stream, -1)
-            self._open.pop(stream.request.request_id, None)
+            self._end(stream, "error", f"engine error: {exc!r}", ErrorKind.ENGINE)
+
+    def _settle(self, stream: RemoteStream) -> None:
+        """However its task ended (even cancelled before it began): the stream has its one
+        terminal delta (``stream.end`` if none was sent), and the counters let it go."""
+        self._end(stream, *stream.end)
+        if not stream.acked:
+            self._count(stream, -1)
+        self._open.pop(stream.request.request_id, None)
 
     async def _attempt(self, stream: RemoteStream, avoid: list[str]) -> BaseException | None:
         """Stream one try; None when it finished, the failure when its replica failed."""

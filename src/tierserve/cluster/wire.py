@@ -1,7 +1,7 @@
 """What travels between the ingress and an engine replica: plain, picklable dicts.
 
-A request goes out as a *payload* (``request_payload``): the engine ``Request``'s fields, its
-deadline relative to its arrival (clocks differ between processes), and a ``route`` dict that
+A request goes out as a *payload* (``request_payload``): the frozen ``EngineRequest``'s fields,
+its deadline relative to its arrival (clocks differ between processes), and a ``route`` dict that
 the request router reads: the ``RouteRequest`` computed at the ingress, replicas to avoid (a
 retry after a replica died), an optional pin, and -- written by the router itself -- the
 ranking it chose from, so the replica can report why it was picked.
@@ -15,10 +15,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tierserve.engine.async_engine import StreamDelta
+from tierserve.engine.events import ErrorKind, StreamDelta
 from tierserve.grammar import GrammarSpec
 from tierserve.priority import Priority
-from tierserve.request import Request
+from tierserve.request import EngineRequest
 from tierserve.routing import RouteRequest
 from tierserve.sampling_params import SamplingParams
 
@@ -28,21 +28,24 @@ PINNED = "pinned"  # reason: the request named its replica
 UNRANKED = "unranked"  # reason: the replica was not in the router's ranking (no stats yet)
 
 
+_CONVERTED = ("sampling_params", "arrival_time", "deadline")  # not sent as they are
+
+
 def request_payload(
-    req: Request,
+    req: EngineRequest,
     route: RouteRequest,
     avoid: tuple[str, ...] = (),
     pin: str | None = None,
 ) -> dict[str, Any]:
-    sp = sampling_payload(req.sampling_params)
-    return {
-        "request_id": req.request_id,
+    """`req` as plain data: every field, except that the sampling parameters go as their
+    constructor arguments and the deadline relative to the arrival."""
+    out: dict[str, Any] = {
+        f.name: getattr(req, f.name) for f in dataclasses.fields(req) if f.name not in _CONVERTED
+    }
+    return out | {
         "prompt_token_ids": list(req.prompt_token_ids),
-        "sampling": sp,
         "priority": int(req.priority),
-        "tenant": req.tenant,
-        "cache_salt": req.cache_salt,
-        "eos_token_id": req.eos_token_id,
+        "sampling": sampling_payload(req.sampling_params),
         "deadline_in_s": None if req.deadline is None else req.deadline - req.arrival_time,
         "route": {
             "priority": int(route.priority),
@@ -72,19 +75,15 @@ def sampling_from_payload(d: dict[str, Any]) -> SamplingParams:
     return SamplingParams(**sp)
 
 
-def request_from_payload(p: dict[str, Any], now: float) -> Request:
-    """The engine Request on the replica, arriving at the replica's `now`."""
-    deadline = p.get("deadline_in_s")
-    return Request(
-        p["request_id"],
-        list(p["prompt_token_ids"]),
-        sampling_from_payload(p["sampling"]),
-        priority=Priority(p["priority"]),
-        tenant=p["tenant"],
+def request_from_payload(p: dict[str, Any], now: float) -> EngineRequest:
+    """The EngineRequest on the replica, arriving at the replica's `now`."""
+    deadline = p["deadline_in_s"]
+    kw = {f.name: p[f.name] for f in dataclasses.fields(EngineRequest) if f.name not in _CONVERTED}
+    return EngineRequest(
+        **kw,
+        sampling_params=sampling_from_payload(p["sampling"]),
         arrival_time=now,
         deadline=None if deadline is None else now + deadline,
-        cache_salt=p.get("cache_salt"),
-        eos_token_id=p.get("eos_token_id"),
     )
 
 
@@ -120,4 +119,6 @@ def delta_chunk(d: StreamDelta) -> dict[str, Any]:
 
 def chunk_delta(c: dict[str, Any]) -> StreamDelta:
     fields = {k: v for k, v in c.items() if k != "kind"}
+    if fields.get("error_kind") is not None:
+        fields["error_kind"] = ErrorKind(fields["error_kind"])
     return StreamDelta(**fields)

@@ -60,10 +60,10 @@ class QueueCounts:
 
     def _strict_ahead(self) -> list[int]:
         """Tokens waiting, per class, in the classes the policy serves strictly before it."""
-        strict = self.policy.strict_before
+        strict = self.policy.traits.strict_before
         ahead = [0] * NUM_PRIORITIES
         for c in range(NUM_PRIORITIES):
-            ahead[c] = sum(self._waiting_tokens[k] for k in strict(Priority(c)))
+            ahead[c] = sum(self._waiting_tokens[k] for k in strict[c])
         return ahead
 
     @property

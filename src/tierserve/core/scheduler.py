@@ -31,6 +31,7 @@ from tierserve.core.limits import RequestLimits
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts, PreemptionCounts
 from tierserve.core.queue_counts import QueueCounts
+from tierserve.core.stats import Preemption, SchedulerStats, scheduler_stats
 from tierserve.core.step_state import StepPlan, wants_prompt_logprobs
 from tierserve.core.step_time import (
     EXPRESS_WINDOW_S,
@@ -76,8 +77,7 @@ class Scheduler(QueueCounts, Preempting):
             config.max_model_len, kv.block_size, tuple(kv.ledger.capacity(p) for p in Priority)
         )
         policy.can_hold = self.limits.fits
-        # (victim's submitted class, "swap" | "recompute") since the last drain, for observers.
-        self.preemption_events: list[tuple[Priority, str]] = []
+        self.step_preemptions: list[Preemption] = []  # in the last schedule()
         self._changed: list[Request] = []  # finished inside schedule(), reported with the step
         self._express_time = ExpressShare(EXPRESS_WINDOW_S)
         self.express_steps = 0
@@ -107,7 +107,7 @@ class Scheduler(QueueCounts, Preempting):
     def schedule(self) -> SchedulerOutput:
         now = self.clock.now()
         self.kv.observe(now)
-        if self.policy.class_aware:
+        if self.policy.traits.class_aware:
             self.kv.set_p1_waiting(self.policy.waiting_by_class()[Priority.P1] > 0)
         plan = StepPlan(
             self._step,
@@ -117,6 +117,7 @@ class Scheduler(QueueCounts, Preempting):
             self.kv.block_size,
         )
         self._step += 1
+        self.step_preemptions = []
         plan.out.finished_req_ids = self._forget
         self._forget = set()
         express = self._express_step(now)
@@ -146,11 +147,11 @@ class Scheduler(QueueCounts, Preempting):
         remaining = req.num_tokens - req.num_computed_tokens - already
         cap = plan.budget if cap is None else min(cap, plan.budget)
         if req.num_prompt_tokens > self.config.long_prefill_threshold and not (
-            self.policy.prefill_cap_exempt(req)
+            self.policy.traits.prefill_cap_exempt(req)
         ):
             cap = min(cap, self.config.long_prefill_max_tokens)
         n = max(0, min(remaining, cap))
-        if remaining <= 1 or self.policy.prefill_cap_exempt(req):
+        if remaining <= 1 or self.policy.traits.prefill_cap_exempt(req):
             # A decode (counted in the time budget upfront) or P0's own prompt (a P0 arriving
             # meanwhile waits behind its own class; cut, its own first token would be late)
             return n
@@ -162,9 +163,9 @@ class Scheduler(QueueCounts, Preempting):
             return
         waiting = self.policy.waiting_by_class()
         top_waiting = next((c for c in range(NUM_PRIORITIES) if waiting[c]), NUM_PRIORITIES)
-        if not self.policy.class_aware:
+        if not self.policy.traits.class_aware:
             top_waiting = NUM_PRIORITIES  # nobody waiting outranks a swapped request
-        for req in sorted(self.swapped.values(), key=self.policy.rank):
+        for req in sorted(self.swapped.values(), key=self.policy.traits.rank):
             if self._seats() <= 0 or plan.budget <= 0 or top_waiting < req.priority:
                 break
             mapping = self.kv.swap_in(req)
@@ -184,7 +185,7 @@ class Scheduler(QueueCounts, Preempting):
         express step between long ones must not make the next P0 wait through several of
         them). Returns the express mode, or None for a normal step."""
         cfg = self.config
-        if cfg.p0_express == "off" or not self.policy.p0_strict:
+        if cfg.p0_express == "off" or not self.policy.traits.p0_strict:
             return None
         if self._waiting_count[Priority.P0] == 0:
             return None
@@ -200,7 +201,7 @@ class Scheduler(QueueCounts, Preempting):
         # earlier. Decodes (one token) are never held back, so a chunk also leaves room (and
         # time: they are counted in the time budget first) for the decodes ranked after it.
         ahead = self._strict_ahead()
-        ranked = sorted(self.running.values(), key=self.policy.rank)
+        ranked = sorted(self.running.values(), key=self.policy.traits.rank)
         decodes = [r for r in ranked if r.num_tokens - r.num_computed_tokens == 1]
         if express == "exclusive":
             decodes = [r for r in decodes if r.priority == Priority.P0]
@@ -336,6 +337,10 @@ class Scheduler(QueueCounts, Preempting):
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    def make_stats(self, with_queue: bool = False) -> SchedulerStats:
+        """The state as one frozen record (core/stats.py); `with_queue`: the predictor's view."""
+        return scheduler_stats(self, with_queue)
 
     # -- invariants ---------------------------------------------------------------------------
     def check_invariants(self, out: SchedulerOutput | None = None) -> None:

@@ -240,7 +240,7 @@ def step_bound(config: SchedulerConfig, policy: Policy) -> float | None:
     runs waits for it, then gets its own. None (no bound) for a policy that makes P0 no such
     promise, a P0 class without an SLA, or the fraction set to None."""
     sla = policy.priorities.sla(Priority.P0)
-    if not policy.p0_strict or sla is None or config.step_time_fraction is None:
+    if not policy.traits.p0_strict or sla is None or config.step_time_fraction is None:
         return None
     return config.step_time_fraction * sla
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from tierserve.core.kv.manager import ComputedBlocks
 from tierserve.core.preemption import PreemptionMode, choose_mode
+from tierserve.core.stats import Preemption
 from tierserve.core.step_state import StepPlan
 from tierserve.policies import VictimCandidate
-from tierserve.priority import Priority
 from tierserve.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class Preempting:
     running: dict[str, Request]
     swapped: dict[str, Request]
     preemptions: PreemptionCounts
-    preemption_events: list[tuple[Priority, str]]
+    step_preemptions: list[Preemption]
     seats_freed: int
 
     def _enqueue(self, request: Request, requeue: bool) -> None: ...
@@ -75,9 +75,8 @@ class Preempting:
         self.seats_freed += 1
         victim.num_preemptions += 1
         self.preemptions.by_victim_class[victim.priority] += 1
-        self.preemption_events.append(
-            (victim.base_priority, "swap" if mapping is not None else "recompute")
-        )
+        swap = PreemptionMode.SWAP if mapping is not None else PreemptionMode.RECOMPUTE
+        self.step_preemptions.append(Preemption(victim.base_priority, swap))
         if mapping is not None:
             victim.transition(S.SWAPPED)
             self.swapped[rid] = victim

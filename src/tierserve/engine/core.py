@@ -7,7 +7,9 @@ one that sampled its last token, and an output whose only news is a preemption o
 still reaches the executor. There is no early return between the three calls.
 
 An executor error fails the step's requests (their KV is freed) and the engine keeps serving the
-others. A step that ran something records ``StepStats`` in ``last_stats`` (None otherwise).
+others. A step that ran something records ``StepStats`` in ``last_stats`` (None otherwise): what
+the step did, read from its output and timings, and the scheduler's record after it
+(``Scheduler.make_stats``), not a difference of counters.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tierserve.config import (
 from tierserve.core.kv import KVCacheManager
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.scheduler import Scheduler
+from tierserve.core.stats import Preemption, SchedulerStats
 from tierserve.executor.base import Executor
 from tierserve.policies import create_policy
 from tierserve.priority import Priority
@@ -44,16 +47,30 @@ class StepStats:
     num_decode_tokens: int
     schedule_s: float
     execute_s: float
-    preempted_swap: int
-    preempted_recompute: int
     swapped_in_blocks: int
     swapped_out_blocks: int
-    running: int
-    waiting: int
-    swapped: int
-    kv_usage: float
-    # (victim's submitted class, "swap" | "recompute") for each preemption in this step.
-    preemptions: tuple = ()
+    scheduler: SchedulerStats  # after the step
+
+    @property
+    def preemptions(self) -> tuple[Preemption, ...]:
+        """This step's preemptions."""
+        return self.scheduler.preemptions
+
+    @property
+    def running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    @property
+    def swapped(self) -> int:
+        return self.scheduler.swapped
+
+    @property
+    def kv_usage(self) -> float:
+        return self.scheduler.kv.usage
 
 
 class EngineCore:
@@ -67,7 +84,7 @@ class EngineCore:
         # Rates for the TTFT predictor, measured on this engine's clock (admission/ttft.py).
         costs = scheduler.costs
         self.load_meter = LoadMeter(costs.prefill_tokens_per_s if costs else None)
-        self.service_order = scheduler.policy.service_order()
+        self.service_order = scheduler.policy.traits.service_order
 
     @classmethod
     def build(
@@ -80,7 +97,7 @@ class EngineCore:
         priorities: PriorityConfig | None = None,
     ) -> EngineCore:
         pol = create_policy(policy or PolicyConfig(), priorities)
-        if not pol.class_aware:  # a class-blind policy gets one shared pool: no floor, no
+        if not pol.traits.class_aware:  # a class-blind policy gets one shared pool: no floor, no
             # reserve, and LRU prefix-cache eviction whatever the class
             cache = replace(cache, partitions=FLAT_PARTITIONS, prefix_retention=LRU_RETENTION)
         kv = KVCacheManager(cache)
@@ -126,10 +143,6 @@ class EngineCore:
         """Run one step; return the requests that got a token, finished or failed in it.
         ``last_stats`` is set when the step ran anything (tokens or swaps), else None."""
         s = self.scheduler
-        before = s.preemptions
-        swap0, rec0 = before.swap, before.recompute
-        in0, out0 = before.swapped_in_blocks, before.swapped_out_blocks
-        s.preemption_events.clear()
         self.last_stats = None
         started = self.clock.now()
         t0 = time.perf_counter()
@@ -141,7 +154,7 @@ class EngineCore:
         ran = out.total_num_scheduled_tokens or out.blocks_to_swap_in or out.blocks_to_swap_out
         if ran:
             self.num_steps += 1
-            stats = self._stats(out, result, t1 - t0, t2 - t1, swap0, rec0, in0, out0)
+            stats = self._stats(out, result, t1 - t0, t2 - t1)
             self.last_stats = stats
             self.load_meter.on_step(
                 started, self.clock.now(), stats.num_prefill_tokens, backlog=stats.waiting > 0
@@ -157,8 +170,7 @@ class EngineCore:
                 failed={rid: f"executor error: {exc!r}" for rid in out.num_scheduled_tokens}
             )
 
-    def _stats(self, out, result, schedule_s, execute_s, swap0, rec0, in0, out0) -> StepStats:
-        s, p = self.scheduler, self.scheduler.preemptions
+    def _stats(self, out, result, schedule_s, execute_s) -> StepStats:
         prefill = sum(
             n
             for rid, n in out.num_scheduled_tokens.items()
@@ -173,13 +185,7 @@ class EngineCore:
             num_decode_tokens=out.total_num_scheduled_tokens - prefill,
             schedule_s=schedule_s,
             execute_s=execute_s,
-            preempted_swap=p.swap - swap0,
-            preempted_recompute=p.recompute - rec0,
-            swapped_in_blocks=p.swapped_in_blocks - in0,
-            swapped_out_blocks=p.swapped_out_blocks - out0,
-            running=len(s.running),
-            waiting=s.num_waiting,
-            swapped=len(s.swapped),
-            kv_usage=s.kv.usage(),
-            preemptions=tuple(s.preemption_events),
+            swapped_in_blocks=len(out.blocks_to_swap_in),
+            swapped_out_blocks=len(out.blocks_to_swap_out),
+            scheduler=self.scheduler.make_stats(),
         )

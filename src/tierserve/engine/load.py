@@ -1,9 +1,11 @@
 """The TTFT predictor's view of an engine, read on the thread that steps it.
 
-``measure_load`` is the one function that turns an engine's state into the predictor's ``Load``:
-the engine thread calls it for every published snapshot (the server's admission reads it there),
-and the simulator calls it directly through ``CoreQueueView``. So admission decides by the same
-numbers, computed by the same code, in the simulator and in the server.
+``load_of`` is the one function that turns an engine's state -- the scheduler's record
+(``Scheduler.make_stats(with_queue=True)``, core/stats.py) and the rates the engine measured --
+into the predictor's ``Load``: the engine thread calls it for every published snapshot (the
+server's admission reads it there), and the simulator calls it directly (``measure_load``,
+through ``CoreQueueView``). So admission decides by the same numbers, computed by the same code,
+in the simulator and in the server.
 
 ``late_requests`` is the re-check of requests already admitted: walking each class's queue in
 the policy's order, it predicts every waiting request's first token with the same predictor and
@@ -15,8 +17,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tierserve.admission.engine_rate import EngineShape
+from tierserve.admission.load_meter import LoadMeter
 from tierserve.admission.ttft import SLA_UNREACHABLE, Load, TenantBacklog, predict_ttft
 from tierserve.config import PriorityConfig
+from tierserve.core.stats import SchedulerStats
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import Request
 
@@ -26,75 +30,80 @@ if TYPE_CHECKING:
 
 def measure_load(core: EngineCore) -> Load:
     """The predictor's inputs, from the engine's live state. O(running + waiting)."""
-    s, meter, order = core.scheduler, core.load_meter, core.service_order
-    running = [0] * NUM_PRIORITIES
-    context = remaining = 0
-    for r in s.running.values():
-        left = r.num_tokens - r.num_computed_tokens
-        context += r.num_tokens
-        remaining += max(0, r.sampling_params.max_tokens - r.num_output_tokens)
-        if left > 1:  # still prefilling (a decoding request has one token to compute)
-            running[r.base_priority] += left
-    # Waiting work by the class it waits in now (aging may have promoted it there: it waits
-    # behind that class's own), and by tenant when tenants share a class. O(waiting).
-    waiting, promoted = [0] * NUM_PRIORITIES, [0] * NUM_PRIORITIES
-    requests = [0] * NUM_PRIORITIES
-    outputs = 0
-    by_tenant: list[dict[str, list[int]]] = [{} for _ in range(NUM_PRIORITIES)]
-    for r in s.policy.requests():
-        c, n = r.priority, r.num_tokens
-        waiting[c] += n
-        requests[c] += 1
-        outputs += r.sampling_params.max_tokens
-        mine_own = n if r.base_priority == c else 0
-        promoted[c] += n - mine_own
-        if order.tenant_fair:
-            t = by_tenant[c].setdefault(r.tenant, [0, 0])
-            t[0] += mine_own
-            t[1] += n
-    now = core.clock.now()
-    engine = EngineShape(
-        coef=s.step_time.coefficients,
-        bound_s=s.step_bound_s,
-        token_budget=s.config.max_num_batched_tokens,
-        max_num_seqs=s.config.max_num_seqs,
-        decodes=len(s.running),
-        decode_context=context,
-        waiting_requests=tuple(requests),
-        waiting_context=sum(waiting),
-        seat_rate=meter.seat_rate(now, s.seats_freed),
-        remaining_output=remaining,
-        waiting_output=outputs,
-    )
+    return load_of(core, core.scheduler.make_stats(with_queue=True))
+
+
+def load_of(core: EngineCore, stats: SchedulerStats) -> Load:
+    """The predictor's inputs: the scheduler's record (made `with_queue`) and the rates the
+    engine measured. Waiting work counts in the class it waits in now (aging may have promoted
+    it there: it waits behind that class's own), and by tenant when tenants share a class."""
+    q, meter, now = stats.queue, core.load_meter, stats.time
+    if q is None:
+        raise ValueError("the TTFT predictor needs a scheduler record made with_queue")
+    engine = engine_shape(core, stats)
     return Load(
-        waiting_tokens=tuple(waiting),
-        promoted_tokens=tuple(promoted),
-        tenants=tuple(_tenants(core, Priority(c), t, now) for c, t in enumerate(by_tenant)),
-        running_prefill=tuple(running),
+        waiting_tokens=q.waiting_tokens,
+        promoted_tokens=q.promoted_tokens,
+        tenants=tuple(
+            _tenants(meter, Priority(c), q.tenants[c], dict(q.tenant_counters[c]), now)
+            for c in range(NUM_PRIORITIES)
+        ),
+        running_prefill=stats.prefill_tokens,
         arrival_rate=meter.arrival_rates(now),
         prefill_rate=meter.prefill_rate_at(now, engine.rate(0)),
         step_s=meter.step_s,
-        order=order,
-        class_tags=s.policy.class_tags(),
+        order=core.service_order,
+        class_tags=q.class_tags,
         engine=engine,
     )
 
 
+def engine_shape(core: EngineCore, stats: SchedulerStats) -> EngineShape:
+    """The engine's shape for the predicted rates (admission/engine_rate.py): the step-time
+    model and its bound, the seats, the decodes running and the work waiting behind them.
+    Read on the engine thread, beside the scheduler's record. O(running + waiting)."""
+    s = core.scheduler
+    context = remaining = 0
+    for r in s.running.values():
+        context += r.num_tokens
+        remaining += max(0, r.sampling_params.max_tokens - r.num_output_tokens)
+    requests = [0] * NUM_PRIORITIES
+    outputs = 0
+    for r in s.policy.requests():  # by the class each waits in now
+        requests[r.priority] += 1
+        outputs += r.sampling_params.max_tokens
+    return EngineShape(
+        coef=s.step_time.coefficients,
+        bound_s=s.step_bound_s,
+        token_budget=stats.max_num_batched_tokens,
+        max_num_seqs=stats.max_num_seqs,
+        decodes=len(s.running),
+        decode_context=context,
+        waiting_requests=tuple(requests),
+        waiting_context=sum(stats.queue.waiting_tokens) if stats.queue else 0,
+        seat_rate=core.load_meter.seat_rate(stats.time, s.seats_freed),
+        remaining_output=remaining,
+        waiting_output=outputs,
+    )
+
+
 def _tenants(
-    core: EngineCore, c: Priority, waiting: dict[str, list[int]], now: float
+    meter: LoadMeter,
+    c: Priority,
+    waiting: tuple[tuple[str, int, int], ...],
+    counters: dict[str, float],
+    now: float,
 ) -> tuple[TenantBacklog, ...]:
     """The backlogged tenants of class `c`, and the idle ones whose counter is above the lowest
     backlogged one (a tenant that starts waiting keeps such a counter: it is not lifted)."""
     if not waiting:
         return ()
-    counters = core.scheduler.policy.tenant_counters(c)
-    floor = min(counters.get(t, 0.0) for t in waiting)
-    names = set(waiting) | {t for t, v in counters.items() if v > floor}
-    meter = core.load_meter
+    backlog = {t: (own, n) for t, own, n in waiting}
+    floor = min(counters.get(t, 0.0) for t in backlog)
+    names = set(backlog) | {t for t, v in counters.items() if v > floor}
+    rate = meter.tenant_rate
     return tuple(
-        TenantBacklog(
-            t, *waiting.get(t, (0, 0)), meter.tenant_rate(c, t, now), counters.get(t, 0.0)
-        )
+        TenantBacklog(t, *backlog.get(t, (0, 0)), rate(c, t, now), counters.get(t, 0.0))
         for t in sorted(names)
     )
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from tierserve.admission.ttft import Load
 from tierserve.priority import NUM_PRIORITIES, Priority
-from tierserve.request import Request
+from tierserve.request import EngineRequest
 
 if TYPE_CHECKING:
     from tierserve.engine.snapshot import EngineSnapshot
@@ -35,7 +35,7 @@ class SnapshotQueueView:
             deque(maxlen=RECENT) for _ in range(NUM_PRIORITIES)
         ]
 
-    def on_submit(self, request: Request) -> None:
+    def on_submit(self, request: EngineRequest) -> None:
         c = request.priority
         self.submitted[c] += 1
         self.submitted_tokens[c] += request.num_prompt_tokens

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from tierserve.admission.ttft import Load
 from tierserve.core.kv.manager import KVStats
-from tierserve.engine.load import measure_load
+from tierserve.core.stats import SchedulerStats
+from tierserve.engine.load import load_of
 from tierserve.priority import NUM_PRIORITIES
 
 if TYPE_CHECKING:
@@ -29,21 +30,44 @@ class EngineSnapshot:
     seq: int  # publication number, increasing
     taken_at: float  # engine clock
     num_steps: int
-    max_num_seqs: int
-    running: tuple[int, ...]  # by submitted class
-    waiting: tuple[int, ...]  # in the scheduler's queue, by submitted class
-    waiting_tokens: tuple[int, ...]
-    swapped: int
-    served: tuple[tuple[int, int], ...]  # left the queue for the batch since start: (reqs, tokens)
+    scheduler: SchedulerStats  # the scheduler's record (core/stats.py)
     intake: tuple[int, ...]  # requests taken off the command queue since start, by class
     intake_tokens: tuple[int, ...]
     sheds: int  # shed commands carried out since start
-    kv: KVStats
     load: Load  # the TTFT predictor's inputs (engine/load.py)
+
+    # The scheduler's numbers the event loop reads, by submitted class.
+    @property
+    def running(self) -> tuple[int, ...]:
+        return self.scheduler.running
+
+    @property
+    def waiting(self) -> tuple[int, ...]:  # in the scheduler's queue
+        return self.scheduler.waiting
+
+    @property
+    def waiting_tokens(self) -> tuple[int, ...]:
+        return self.scheduler.waiting_tokens
+
+    @property
+    def served(self) -> tuple[tuple[int, int], ...]:  # left the queue for the batch: (reqs, tokens)
+        return self.scheduler.served
+
+    @property
+    def swapped(self) -> int:
+        return self.scheduler.swapped
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.scheduler.max_num_seqs
+
+    @property
+    def kv(self) -> KVStats:
+        return self.scheduler.kv
 
     @property
     def num_running(self) -> int:
-        return sum(self.running)
+        return self.scheduler.num_running
 
 
 def take_snapshot(
@@ -54,27 +78,17 @@ def take_snapshot(
     sheds: int = 0,
     with_load: bool = True,
 ) -> EngineSnapshot:
-    """Read the engine's state into plain immutable data. Call on the thread that steps the
-    engine (or before it starts). O(running + classes), plus O(waiting) `with_load` (the TTFT
-    predictor's inputs, needed only by SLA admission)."""
-    s = core.scheduler
-    running = [0] * NUM_PRIORITIES
-    for r in s.running.values():
-        running[r.base_priority] += 1
-    classes = range(NUM_PRIORITIES)
+    """The engine's state as plain immutable data: the scheduler's record and the engine's own
+    counters. Call on the thread that steps the engine (or before it starts). O(running), plus
+    O(waiting) `with_load` (the TTFT predictor's inputs, needed only by SLA admission)."""
+    stats = core.scheduler.make_stats(with_queue=with_load)
     return EngineSnapshot(
         seq=seq,
-        taken_at=core.clock.now(),
+        taken_at=stats.time,
         num_steps=core.num_steps,
-        max_num_seqs=s.config.max_num_seqs,
-        running=tuple(running),
-        waiting=tuple(s.queue_depth(c) for c in classes),
-        waiting_tokens=tuple(s.queued_tokens(c) for c in classes),
-        swapped=len(s.swapped),
-        served=tuple(s.dequeued(c) for c in classes),
+        scheduler=stats,
         intake=tuple(intake),
         intake_tokens=tuple(intake_tokens),
         sheds=sheds,
-        kv=s.kv.stats(),
-        load=measure_load(core) if with_load else Load(),
+        load=load_of(core, stats) if with_load else Load(),
     )

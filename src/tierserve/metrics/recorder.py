@@ -19,11 +19,18 @@ from prometheus_client import generate_latest
 
 from tierserve.config import PriorityConfig
 from tierserve.engine.core import StepStats
+from tierserve.engine.events import (
+    EndedLate,
+    EngineEvent,
+    Finished,
+    FirstToken,
+    RequestInfo,
+    Tokens,
+)
 from tierserve.engine.snapshot import EngineSnapshot
 from tierserve.metrics.families import PARTITIONS, Families
 from tierserve.metrics.window import DEFAULT_WINDOW_S, WindowRatio
 from tierserve.priority import ALL_PRIORITIES, NUM_PRIORITIES, Priority
-from tierserve.request import Request
 
 DEFAULT_MODEL_NAME = "tierserve"
 DEFAULT_TENANT = "default"
@@ -72,36 +79,50 @@ class Metrics:
         self.f.rejections.labels(kind, priority.label).inc()
 
     # -- the engine thread: request events ----------------------------------------------------
-    def on_tokens(self, req: Request, n: int, now: float) -> None:
-        """`n` new output tokens of `req` reached its stream at `now`."""
-        f, label = self.f, req.base_priority.label
-        last = self._last_token.get(req.request_id)
-        if last is None:  # the first token
-            ttft = now - req.arrival_time
-            f.ttft.labels(label).observe(ttft)
-            f.v_ttft.labels().observe(ttft)
-            if req.predicted_ttft is not None:
-                f.ttft_error.labels(label).observe(abs(ttft - req.predicted_ttft))
-            if req.first_scheduled_time is not None:
-                queued = req.first_scheduled_time - req.arrival_time
-                f.wait.labels(label).observe(queued)
-                f.v_queue.labels().observe(queued)
-                f.prefill_time.labels(label).observe(now - req.first_scheduled_time)
-                f.v_prefill.labels().observe(now - req.first_scheduled_time)
-            f.tokens_in.labels(label).inc(req.num_prompt_tokens)
-            f.v_prompt.labels().inc(req.num_prompt_tokens)
-            n -= 1
-        elif n > 0:
-            gap = (now - last) / n
-            for _ in range(n):
-                f.itl.labels(label).observe(gap)
-                f.v_itl.labels().observe(gap)
+    def on_event(self, event: EngineEvent) -> None:
+        """An engine event (engine/events.py), on the engine thread."""
+        match event:
+            case FirstToken(info, at):
+                self.on_first_token(info, at)
+            case Tokens(info, n, at):
+                self.on_tokens(info, n, at)
+            case Finished(info):
+                self.on_finished(info)
+            case EndedLate(info):
+                self.on_ended_late(info)
+
+    def on_first_token(self, req: RequestInfo, now: float) -> None:
+        """The first output token of `req` reached its stream at `now`."""
+        f, label = self.f, req.priority.label
+        ttft = now - req.arrival_time
+        f.ttft.labels(label).observe(ttft)
+        f.v_ttft.labels().observe(ttft)
+        if req.predicted_ttft is not None:
+            f.ttft_error.labels(label).observe(abs(ttft - req.predicted_ttft))
+        if req.first_scheduled_time is not None:
+            queued = req.first_scheduled_time - req.arrival_time
+            f.wait.labels(label).observe(queued)
+            f.v_queue.labels().observe(queued)
+            f.prefill_time.labels(label).observe(now - req.first_scheduled_time)
+            f.v_prefill.labels().observe(now - req.first_scheduled_time)
+        f.tokens_in.labels(label).inc(req.num_prompt_tokens)
+        f.v_prompt.labels().inc(req.num_prompt_tokens)
         self._last_token[req.request_id] = now
 
-    def on_finished(self, req: Request) -> None:
-        f, label = self.f, req.base_priority.label
+    def on_tokens(self, req: RequestInfo, n: int, now: float) -> None:
+        """`n` more output tokens of `req` (after the first) reached its stream at `now`."""
+        f, label = self.f, req.priority.label
+        last = self._last_token.get(req.request_id, now)
+        gap = (now - last) / n
+        for _ in range(n):
+            f.itl.labels(label).observe(gap)
+            f.v_itl.labels().observe(gap)
+        self._last_token[req.request_id] = now
+
+    def on_finished(self, req: RequestInfo) -> None:
+        f, label = self.f, req.priority.label
         self._last_token.pop(req.request_id, None)
-        reason = req.finish_reason.value if req.finish_reason else "unknown"
+        reason = req.finish_reason or "unknown"
         out = req.num_output_tokens
         f.finished.labels(label, reason).inc()
         f.tokens_out.labels(label).inc(out)
@@ -131,8 +152,8 @@ class Metrics:
                 f.v_tpot.labels().observe(per)
         self._sla(req)
 
-    def _sla(self, req: Request) -> None:
-        p = req.base_priority
+    def _sla(self, req: RequestInfo) -> None:
+        p = req.priority
         sla = self.priorities.sla(p)
         if sla is None or req.finish_reason is None:
             return
@@ -145,9 +166,9 @@ class Metrics:
         self._sla_window[p].add(now, float(met), 1.0)
         self.f.sla_attainment.labels(p.label, p.tier).set(self._sla_window[p].value(now))
 
-    def on_ended_late(self, req: Request) -> None:
+    def on_ended_late(self, req: RequestInfo) -> None:
         """The SLA re-check ended a waiting request (engine thread)."""
-        self.f.sla_ended.labels(req.base_priority.label).inc()
+        self.f.sla_ended.labels(req.priority.label).inc()
 
     def on_preempted(self, victim_priority: Priority, reason: str, n: int = 1) -> None:
         self.f.preemptions.labels(victim_priority.label, reason).inc(n)
@@ -157,6 +178,8 @@ class Metrics:
     def on_step(self, stats: StepStats, swap_seconds: tuple[float, float]) -> None:
         """After each step that ran something."""
         f = self.f
+        for p in stats.preemptions:
+            self.on_preempted(p.priority, p.mode)
         f.schedule_time.labels().observe(stats.schedule_s)
         f.iteration_tokens.labels().observe(stats.num_tokens)
         f.v_iteration.labels().observe(stats.num_tokens)

@@ -3,7 +3,8 @@
 The scheduler never asks which policy it runs; it calls ``peek`` to see who is next, and
 ``commit`` to serve exactly that request once it has memory and a seat (possibly after preempting
 victims, which go back into the queue in between); ``pop_next`` is ``peek`` + ``commit``.
-``select_victims`` chooses whom to preempt when memory or seats are short.
+``select_victims`` chooses whom to preempt when memory or seats are short. What else the
+scheduler needs to know of a policy is its frozen ``traits`` (policies/traits.py).
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
-from tierserve.config import PolicyConfig, PriorityConfig
+from tierserve.config import PriorityConfig
 from tierserve.policies.order import FLAT_ORDER, ServiceOrder
 from tierserve.policies.queues import ClassQueue
+from tierserve.policies.traits import Pick, PolicySettings, PolicyTraits, arrival_key
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import Request, RequestStatus
+
+__all__ = ["ClassedPolicy", "Policy", "SchedulerState", "VictimCandidate", "arrival_key"]
 
 
 @dataclass(frozen=True)
@@ -39,24 +44,14 @@ class VictimCandidate:
     useful_blocks: int
 
 
-def arrival_key(request: Request) -> tuple[float, int]:
-    return (request.arrival_time, request.arrival_seq)
-
-
 class Policy(ABC):
-    """Besides ordering and victims, a policy declares the traits the scheduler and the engine
-    builder consult, so that no class rule lives outside the policy:
-
-    * ``class_aware``: classes are treated differently at all. When False (fcfs), the
-      scheduler ranks running requests by arrival only, exempts no class from the long-prefill
-      cap, signals no P1 demand to the KV ledger, lets swapped requests back regardless of the
-      classes waiting, and the engine builds a flat KV pool (no P0 floor, no P1 reservation).
-    * ``p0_strict``: a waiting P0 request is always served first (and gets express steps).
-    * ``strict_before(c)``: classes whose waiting tokens a prefill chunk of class ``c`` leaves
-      step budget for.
-    """
+    """Besides ordering and victims, a policy declares its traits (``PolicyTraits``, frozen in
+    ``traits``) from the class attributes and methods below, so that no class rule lives
+    outside the policy. Each policy is configured by its own settings class (``config_class``,
+    built from the flat ``PolicyConfig`` by the registry)."""
 
     name: str = ""
+    config_class: type[PolicySettings] = PolicySettings
     class_aware: bool = True
     p0_strict: bool = False
     tenant_fair: bool = False  # tenants share each class equally (ClassedPolicy with VTC lanes)
@@ -67,17 +62,24 @@ class Policy(ABC):
             return (Priority.P0,)
         return ()
 
-    def __init__(self, config: PolicyConfig, priorities: PriorityConfig | None = None) -> None:
+    def __init__(self, config: PolicySettings, priorities: PriorityConfig | None = None) -> None:
         self.config = config
         self.priorities = priorities or PriorityConfig()
         # Whether a class can ever hold a request's KV; the scheduler binds its RequestLimits.
         self.can_hold: Callable[[Request, Priority], bool] = lambda request, priority: True
 
-    def rank(self, request: Request) -> tuple:
-        """Order of running and swapped requests (who grows first, who comes back first)."""
-        if self.class_aware:
-            return (request.priority, *arrival_key(request))
-        return arrival_key(request)
+    @cached_property
+    def traits(self) -> PolicyTraits:
+        """The declared traits, frozen on first use (after construction)."""
+        classes = list(Priority)
+        return PolicyTraits(
+            class_aware=self.class_aware,
+            p0_strict=self.p0_strict,
+            strict_before=tuple(self.strict_before(c) for c in classes),
+            cap_exempt=frozenset({Priority.P0}) if self.class_aware else frozenset(),
+            tenant_fair=self.tenant_fair,
+            service_order=self.service_order(),
+        )
 
     def service_order(self, weights: tuple[float, ...] | None = None) -> ServiceOrder:
         """How waiting work is ordered across classes, for the TTFT predictor (see
@@ -108,10 +110,6 @@ class Policy(ABC):
         """Classes sharing by weight with start-time fair queueing: each class's start tag for
         its next service (None: the policy keeps none)."""
         return None
-
-    def prefill_cap_exempt(self, request: Request) -> bool:
-        """Whether a long prompt of `request` may take a whole step's budget (P0 may)."""
-        return self.class_aware and request.priority == Priority.P0
 
     # -- queue ---------------------------------------------------------------------------------
     @abstractmethod
@@ -195,30 +193,36 @@ class Policy(ABC):
 class ClassedPolicy(Policy):
     """Common machinery of the per-class policies: one ``ClassQueue`` per class, a head lane for
     preempted requests, O(log n) add/pop and O(1) remove, continuous aging (promotion one class
-    up after a per-class wait), and per-tenant fairness inside a class.
+    up after a per-class wait: `aging_thresholds_s`, None for no aging), and per-tenant
+    fairness inside a class (`tenant_fair`).
 
-    Subclasses choose *which class* serves next (``_choose``) and account for it (``_commit``);
-    the choice is computed once per state change so ``peek`` and ``pop_next`` always agree.
+    Subclasses choose *which class* serves next (``_choose``, a ``Pick``) and account for it
+    (``_commit``); the choice is computed once per state change so ``peek`` and ``pop_next``
+    always agree.
     """
 
-    uses_aging = False
-    uses_tenant_fairness = False
     # Promotion by aging never goes above this class.
     top_promotion_class = Priority.P0
 
-    def __init__(self, config: PolicyConfig, priorities: PriorityConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: PolicySettings,
+        priorities: PriorityConfig | None = None,
+        aging_thresholds_s: tuple[float | None, ...] | None = None,
+        tenant_fair: bool = False,
+    ) -> None:
         super().__init__(config, priorities)
-        fair = self.tenant_fair = self.uses_tenant_fairness and config.tenant_fairness
-        self.queues = [ClassQueue(tenant_fair=fair) for _ in range(NUM_PRIORITIES)]
+        self.tenant_fair = tenant_fair
+        self.queues = [ClassQueue(tenant_fair=tenant_fair) for _ in range(NUM_PRIORITIES)]
         self._where: dict[str, int] = {}
         self._reqs: dict[str, Request] = {}
         self._charged: set[str] = set()  # served once already: no second charge on requeue
-        self._aging = self.uses_aging and config.aging
+        self._aging = aging_thresholds_s
         self._entered: dict[str, float] = {}  # time the request entered its current class
         self._deadlines: dict[str, float] = {}
         self._age_heaps: list[list[tuple[float, int, str]]] = [[] for _ in range(NUM_PRIORITIES)]
         self._age_seq = 0
-        self._peeked: tuple | None = None
+        self._peeked: tuple[Pick, Request] | None = None
         self._now = 0.0
         self.promotions = 0
 
@@ -270,7 +274,7 @@ class ClassedPolicy(Policy):
         self._reqs[rid] = request
         self._entered[rid] = entered
         self._deadlines[rid] = self.deadline(request, entered)
-        if self._aging and c > self.top_promotion_class:
+        if self._aging is not None and c > self.top_promotion_class:
             heapq.heappush(self._age_heaps[c], (entered, self._age_seq, rid))
             self._age_seq += 1
 
@@ -306,7 +310,7 @@ class ClassedPolicy(Policy):
         if pick is None:
             self._peeked = None
             return None
-        req = self.queues[pick[0]].peek()
+        req = self.queues[pick.priority].peek()
         self._peeked = (pick, req)
         return req
 
@@ -315,7 +319,7 @@ class ClassedPolicy(Policy):
             raise ValueError(f"commit of {request.request_id}, which the last peek did not return")
         pick, _ = self._peeked
         self._peeked = None
-        c = pick[0]
+        c = pick.priority
         charged = request.request_id in self._charged
         cost = 0 if charged else self.cost(request)
         popped = self.queues[c].pop(lambda r: cost)
@@ -335,9 +339,9 @@ class ClassedPolicy(Policy):
         called at each decision, not only at enqueue). The time it entered the new class is the
         moment it crossed the threshold, so promotion chains do not drift with call timing."""
         self._now = max(self._now, now)
-        if not self._aging:
+        th = self._aging
+        if th is None:
             return
-        th = self.config.aging_thresholds_s
         for c in range(NUM_PRIORITIES - 1, int(self.top_promotion_class), -1):
             t = th[c]
             if t is None:
@@ -364,8 +368,8 @@ class ClassedPolicy(Policy):
 
     # -- class choice (subclasses) ---------------------------------------------------------
     @abstractmethod
-    def _choose(self, state: SchedulerState) -> tuple | None:
-        """Return ``(class, *bookkeeping)`` for the next service without changing anything."""
+    def _choose(self, state: SchedulerState) -> Pick | None:
+        """The class to serve next (and what ``_commit`` needs), changing nothing."""
 
-    def _commit(self, pick: tuple, request: Request, cost: int) -> None:
-        """Account for serving `request` of class ``pick[0]`` (deficits, tags)."""
+    def _commit(self, pick: Pick, request: Request, cost: int) -> None:
+        """Account for serving `request` of class ``pick.priority`` (deficits, tags)."""

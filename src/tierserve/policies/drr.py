@@ -14,18 +14,39 @@ quantum is relative to request costs.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from tierserve.config import PolicyConfig
 from tierserve.policies.base import ClassedPolicy, SchedulerState
 from tierserve.policies.order import ServiceOrder
 from tierserve.policies.registry import register_policy
+from tierserve.policies.traits import Pick, PolicySettings
 from tierserve.priority import NUM_PRIORITIES
+
+
+@dataclass(frozen=True)
+class DRRConfig(PolicySettings):
+    weights: tuple[float, ...]  # per class
+    quantum_tokens: int  # per unit of weight: a class gets weight x quantum per round
+
+    @classmethod
+    def of(cls, config: PolicyConfig) -> DRRConfig:
+        return cls(config.max_expected_output_tokens, config.drr_weights, config.drr_quantum_tokens)
+
+
+@dataclass(frozen=True)
+class DRRPick(Pick):
+    deficit: tuple[float, ...]  # every class's deficit once this pick is served
+    ptr: int
 
 
 @register_policy("drr")
 class DRRPolicy(ClassedPolicy):
-    def __init__(self, config, priorities=None) -> None:
+    config_class = DRRConfig
+
+    def __init__(self, config: DRRConfig, priorities=None) -> None:
         super().__init__(config, priorities)
-        self.quantum = [w * config.drr_quantum_tokens for w in config.drr_weights]
+        self.quantum = [w * config.quantum_tokens for w in config.weights]
         self.deficit = [0.0] * NUM_PRIORITIES
         self._ptr = 0
         self._fresh = True  # the class under the pointer has not had its quantum this visit
@@ -34,7 +55,7 @@ class DRRPolicy(ClassedPolicy):
         req = self.queues[c].peek()
         return 0 if req.request_id in self._charged else self.cost(req)
 
-    def _choose(self, state: SchedulerState) -> tuple | None:
+    def _choose(self, state: SchedulerState) -> DRRPick | None:
         if not any(len(q) for q in self.queues):
             return None
         d = list(self.deficit)
@@ -49,7 +70,7 @@ class DRRPolicy(ClassedPolicy):
                     d[c] += self.quantum[c]
                     fresh = False
                 if self._head_cost(c) <= d[c]:
-                    return (c, d, ptr)
+                    return DRRPick(c, tuple(d), ptr)
             ptr, fresh = (c + 1) % NUM_PRIORITIES, True
             visits += 1
             if visits % NUM_PRIORITIES == 0:
@@ -63,12 +84,12 @@ class DRRPolicy(ClassedPolicy):
                         d[k] += (rounds - 1) * self.quantum[k]
 
     def service_order(self, weights=None) -> ServiceOrder:
-        return super().service_order(tuple(self.config.drr_weights))
+        return super().service_order(tuple(self.config.weights))
 
-    def _commit(self, pick: tuple, request, cost: int) -> None:
-        c, d, ptr = pick
+    def _commit(self, pick: DRRPick, request, cost: int) -> None:
+        c, d = pick.priority, list(pick.deficit)
         d[c] -= cost
         if len(self.queues[c]) == 0:
             d[c] = 0.0
         self.deficit = d
-        self._ptr, self._fresh = ptr, False
+        self._ptr, self._fresh = pick.ptr, False

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tierserve.policies.base import Policy, SchedulerState, arrival_key
 from tierserve.policies.queues import RequestHeap
 from tierserve.policies.registry import register_policy
+from tierserve.policies.traits import PolicySettings
 from tierserve.priority import NUM_PRIORITIES
 from tierserve.request import Request, RequestStatus
 
 
+@dataclass(frozen=True)
+class FCFSConfig(PolicySettings):
+    pass
+
+
 @register_policy("fcfs")
 class FCFSPolicy(Policy):
+    config_class = FCFSConfig
     class_aware = False
 
     def __init__(self, config, priorities=None) -> None:

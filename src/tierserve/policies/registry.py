@@ -37,7 +37,9 @@ class PolicyRegistry:
             ) from None
 
     def create(self, config: PolicyConfig, priorities: PriorityConfig | None = None) -> Policy:
-        return self.get(config.name)(config, priorities)
+        """The policy `config.name`, given its own settings (its ``config_class``)."""
+        cls = self.get(config.name)
+        return cls(cls.config_class.of(config), priorities)
 
 
 # The registry of built-in policies; tests and plug-ins may build their own registry.

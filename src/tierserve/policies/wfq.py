@@ -13,33 +13,63 @@ Aging: a request that has waited in class ``c`` longer than ``aging_thresholds_s
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from tierserve.config import PolicyConfig
 from tierserve.policies.base import ClassedPolicy, SchedulerState
 from tierserve.policies.order import STRICT_BY_CLASS, ServiceOrder
 from tierserve.policies.registry import register_policy
+from tierserve.policies.traits import Pick, PolicySettings
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import Request
 
 
+@dataclass(frozen=True)
+class WFQConfig(PolicySettings):
+    weights: tuple[float, ...]  # per class
+    # Seconds a request waits in a class before promotion by one class (None: never); None in
+    # all: no aging.
+    aging_thresholds_s: tuple[float | None, ...] | None
+    tenant_fairness: bool
+
+    @classmethod
+    def of(cls, config: PolicyConfig) -> WFQConfig:
+        aging = config.aging_thresholds_s if config.aging else None
+        return cls(
+            config.max_expected_output_tokens, config.wfq_weights, aging, config.tenant_fairness
+        )
+
+
+@dataclass(frozen=True)
+class HybridConfig(WFQConfig):
+    # A P1/P2 head that has used this fraction of its TTFT SLA goes before the fair share.
+    sla_urgency_fraction: float
+
+    @classmethod
+    def of(cls, config: PolicyConfig) -> HybridConfig:
+        return cls(**vars(WFQConfig.of(config)), sla_urgency_fraction=config.sla_urgency_fraction)
+
+
+@dataclass(frozen=True)
+class SFQPick(Pick):
+    start: float | None  # the class's start tag; None: served outside the fair share
+
+
 class _SFQPolicy(ClassedPolicy):
-    uses_aging = True
-    uses_tenant_fairness = True
     # Classes served strictly before the fair ones, and ones served only when nothing else
     # waits and seats are idle.
     strict_classes: frozenset[int] = frozenset()
     best_effort_classes: frozenset[int] = frozenset()
 
-    def __init__(self, config, priorities=None) -> None:
-        super().__init__(config, priorities)
-        self.weights = list(config.wfq_weights)
+    def __init__(self, config: WFQConfig, priorities=None) -> None:
+        super().__init__(config, priorities, config.aging_thresholds_s, config.tenant_fairness)
+        self.weights = list(config.weights)
         self.vtime = 0.0
         self.finish = [0.0] * NUM_PRIORITIES
-
-    # SLA urgency (hybrid): a class head that has used `sla_urgency_fraction` (default 1/5) of
-    # its TTFT SLA is urgent; urgent heads go before the fair share, the most urgent class
-    # first. Under overload the tighter SLA is protected and looser ones absorb the queueing.
-    sla_urgency: bool = False
+        # SLA urgency (hybrid): a class head that has used this fraction (default 1/5) of its
+        # TTFT SLA is urgent; urgent heads go before the fair share, the most urgent class
+        # first. Under overload the tighter SLA is protected and looser ones absorb the queueing.
+        self.urgency: float | None = None
 
     def order_key(self, request: Request, entered: float | None = None) -> tuple:
         # Inside a class: the class's own requests before ones promoted into it by aging (aging
@@ -53,34 +83,34 @@ class _SFQPolicy(ClassedPolicy):
             request.arrival_seq,
         )
 
-    def _choose(self, state: SchedulerState) -> tuple | None:
+    def _choose(self, state: SchedulerState) -> SFQPick | None:
         backlog = [c for c in range(NUM_PRIORITIES) if len(self.queues[c])]
         if not backlog:
             return None
         for c in backlog:
             if c in self.strict_classes:
-                return (c, None)
+                return SFQPick(c, None)
         fair = [c for c in backlog if c not in self.best_effort_classes]
-        if fair and self.sla_urgency:
+        frac = self.urgency
+        if fair and frac is not None:
             for c in fair:  # in class order: the most urgent class first
                 head = self.queues[c].peek()
                 due = self._deadlines[head.request_id]
-                frac = self.config.sla_urgency_fraction
                 urgent_at = head.arrival_time + frac * (due - head.arrival_time)
                 if urgent_at <= state.now:
-                    return (c, max(self.vtime, self.finish[c]))
+                    return SFQPick(c, max(self.vtime, self.finish[c]))
         if fair:
             start, c = min((max(self.vtime, self.finish[c]), c) for c in fair)
-            return (c, start)
+            return SFQPick(c, start)
         if state.idle_seats > 0:
-            return (backlog[0], None)
+            return SFQPick(backlog[0], None)
         return None
 
     def class_tags(self) -> tuple[float, ...]:
         return tuple(max(self.vtime, f) for f in self.finish)
 
-    def _commit(self, pick: tuple, request: Request, cost: int) -> None:
-        c, start = pick
+    def _commit(self, pick: SFQPick, request: Request, cost: int) -> None:
+        c, start = pick.priority, pick.start
         if start is not None:
             self.finish[c] = start + cost / self.weights[c]
             self.vtime = start
@@ -88,6 +118,8 @@ class _SFQPolicy(ClassedPolicy):
 
 @register_policy("wfq")
 class WFQPolicy(_SFQPolicy):
+    config_class = WFQConfig
+
     def service_order(self, weights=None) -> ServiceOrder:
         return super().service_order(tuple(self.weights))
 
@@ -102,11 +134,15 @@ class HybridPolicy(_SFQPolicy):
     is served whenever those queues drain. Aging stops at P1: realtime capacity is not handed to
     traffic that was not sent as realtime."""
 
+    config_class = HybridConfig
     p0_strict = True
-    sla_urgency = True
     strict_classes = frozenset({int(Priority.P0)})
     best_effort_classes = frozenset({int(Priority.P3)})
     top_promotion_class = Priority.P1
+
+    def __init__(self, config: HybridConfig, priorities=None) -> None:
+        super().__init__(config, priorities)
+        self.urgency = config.sla_urgency_fraction
 
     def service_order(self, weights=None) -> ServiceOrder:
         # P3 (best effort) comes after everyone. P1 and P2 share by SFQ weight until a head has

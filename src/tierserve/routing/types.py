@@ -15,9 +15,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tierserve.core.kv.hashing import extend_block_hashes
+from tierserve.core.stats import PREFIX_BLOCKS  # leading blocks a request and a replica compare
 from tierserve.priority import NUM_PRIORITIES, Priority, parse_priority
-
-PREFIX_BLOCKS = 2  # leading prompt blocks a request and a replica's summary are compared on
 
 
 def hash_key(block_hash: bytes) -> int:

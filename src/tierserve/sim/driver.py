@@ -184,7 +184,7 @@ class EngineFeed:
         if stats is None:
             return
         now = engine.clock.now()
-        part = engine.scheduler.kv.ledger.usage()
+        part = stats.scheduler.kv.partitions
         self.result.samples.append(
             StepSample(
                 now,

@@ -112,7 +112,7 @@ def run_fidelity(hardware: str, duration: float, clients: int, seed: int) -> dic
         max_num_batched_tokens=ENGINE["max_num_batched_tokens"],
         swap_gib_per_device=0.0,
         p0_express="exclusive",
-        num_kv_blocks=core.scheduler.kv.pool.num_blocks,
+        num_kv_blocks=core.scheduler.make_stats().kv.num_blocks,
         workload=wl,
     )
     engine, _ex, _cost = build(cfg)

@@ -84,7 +84,10 @@ class Replica:
 
     def stats(self) -> ReplicaStats:
         if self._cached is None or self._cached[0] != self.version:
-            self._cached = (self.version, replica_stats(self.engine, self.replica_id))
+            self._cached = (
+                self.version,
+                replica_stats(self.engine.scheduler.make_stats(), self.replica_id),
+            )
         return self._cached[1]
 
 
