@@ -89,10 +89,12 @@ def logits_error(cfg: ModelConfig, device: str, dtype: torch.dtype, n: int = 64)
         ex.add_state("r", st["r"])
         from tierserve.executor.batch import build_batch
 
-        b = build_batch(st, {"r": n}, 16, ex.tables, model.dtype,
-                        segments=ex.kernel_attention, device=model.device)  # fmt: skip
+        path = ex.plan.path(n)
+        b = build_batch(st, {"r": n}, 16, ex.tables, model.backend(path), model.dtype,
+                        device=model.device, fused=path == "fused")  # fmt: skip
         outs.append(model.forward(b.input_ids, b.positions, b.meta, ex.kv_caches,
-                                  torch.arange(n, device=model.device)))  # fmt: skip
+                                  torch.arange(n, device=model.device),
+                                  blas=path in ("blas", "torch")))  # fmt: skip
         del model, ex
         if device.startswith("cuda"):
             torch.cuda.empty_cache()

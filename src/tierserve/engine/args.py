@@ -11,6 +11,7 @@ from tierserve.config import (
     PolicyConfig,
     PriorityConfig,
 )
+from tierserve.model.config import QUANTIZATIONS
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,9 @@ class EngineArgs:
     model: str | None = None  # None: the embedded default model
     device: str | None = None  # None: cuda if available, else cpu
     dtype: str | None = None  # None: bfloat16 on cuda, float32 on cpu
+    # auto: the file's own precision (the embedded GGUF runs q4_1 / q8_0); none: float32;
+    # q8_0 / q4_0: requantize (model/weights.py)
+    quantization: str = "auto"
     kv_cache_gib: float = 1.0
     num_kv_blocks: int | None = None  # overrides kv_cache_gib
     # Host swap space for preempted KV. None: 4 GiB on CUDA, none on the CPU (there the device
@@ -46,5 +50,9 @@ class EngineArgs:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
         if self.swap_space_gib is not None and self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must not be negative, got {self.swap_space_gib}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
+            )
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
