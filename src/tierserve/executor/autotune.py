@@ -134,6 +134,7 @@ def measure(executor) -> dict[int, dict[str, float]]:
         log.info("step plan: default (a KV cache of %d blocks is too small to measure in)", need)
         return {}
     sp = SamplingParams(max_tokens=1)
+    vocab = min(1000, executor.model.config.vocab_size - 1)
     timings: dict[int, dict[str, float]] = {}
     from tierserve.executor.torch_executor import RequestState
 
@@ -148,12 +149,12 @@ def measure(executor) -> dict[int, dict[str, float]]:
                 if decode:
                     for r in range(rows):
                         blocks = list(range(r * ctx_blocks, (r + 1) * ctx_blocks))
-                        toks = [1 + (r + i) % 1000 for i in range(CONTEXT + 1)]
+                        toks = [1 + (r + i) % vocab for i in range(CONTEXT + 1)]
                         states[f"t{r}"] = RequestState(toks, CONTEXT, blocks, CONTEXT, sp)
                         sched[f"t{r}"] = 1
                 else:
                     blocks = list(range(-(-rows // bs)))
-                    toks = [1 + i % 1000 for i in range(rows)]
+                    toks = [1 + i % vocab for i in range(rows)]
                     states["t0"] = RequestState(toks, rows, blocks, 0, sp)
                     sched["t0"] = rows
                 for rid, st in states.items():
