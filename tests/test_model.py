@@ -12,6 +12,7 @@ from tierserve.executor.batch import build_batch
 from tierserve.executor.torch_executor import RequestState, TorchExecutor
 from tierserve.model.llama import LlamaModel
 from tierserve.model.loader import load_model
+from tierserve.model.plan import uses_blas
 from tierserve.model.sampler import Sampler, SampleRow, filter_logits
 from tierserve.priority import Priority
 from tierserve.sampling_params import SamplingParams
@@ -59,7 +60,7 @@ def run_rows(model, ex, state, n):
         {"r": state}, {"r": n}, 16, ex.tables, model.backend(path), fused=path == "fused"
     )
     rows = torch.arange(b.input_ids.shape[0])
-    blas = path in ("blas", "torch")
+    blas = uses_blas(path)
     out = model.forward(b.input_ids, b.positions, b.meta, ex.kv_caches, rows, blas=blas)
     state.num_computed += n
     return out
@@ -95,7 +96,7 @@ def run_path(model, ex, steps, path):
             ex.states, sched, 16, ex.tables, model.backend(path), fused=path == "fused"
         )
         rows = torch.arange(bt.input_ids.shape[0])
-        blas = path in ("blas", "torch")
+        blas = uses_blas(path)
         meta, kv = bt.meta, ex.kv_caches
         outs.append(model.forward(bt.input_ids, bt.positions, meta, kv, rows, blas=blas))
         for rid, n in sched.items():

@@ -35,6 +35,7 @@ def perplexity(model, ids: list[int], chunk: int = 256, block_size: int = 16, pl
     serving executor's step plan; default: the model's default plan)."""
     from tierserve.executor.batch import build_batch
     from tierserve.executor.torch_executor import RequestState, TorchExecutor
+    from tierserve.model.plan import uses_blas
     from tierserve.sampling_params import SamplingParams
 
     blocks = -(-len(ids) // block_size)
@@ -51,7 +52,7 @@ def perplexity(model, ids: list[int], chunk: int = 256, block_size: int = 16, pl
             fused=path == "fused",
         )  # fmt: skip
         rows = torch.arange(n)
-        blas = path in ("blas", "torch")
+        blas = uses_blas(path)
         logits = model.forward(b.input_ids, b.positions, b.meta, ex.kv_caches, rows, blas=blas)
         start = st.num_computed
         targets = torch.tensor(ids[start + 1 : start + n + 1])

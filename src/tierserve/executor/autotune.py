@@ -6,10 +6,8 @@ nothing is assumed: at first start the executor times a real forward pass of the
 through every path of `model/plan.py` that applies, at a few step sizes, in its own KV cache
 (before any request holds a block), and keeps the fastest path per size:
 
-* decode-shaped steps of 1, 4, 16 and 64 requests (one new token each, 128 tokens of context):
-  ``fused``, ``kernel``, ``blas`` and ``torch``;
-* prompt-shaped steps of 128 and 512 rows (one fresh chunk): ``kernel``, ``blas``, ``torch``
-  (and ``fused`` at 128);
+* decode-shaped steps of 1, 4, 16 and 64 requests (one new token each, 128 tokens of context);
+* prompt-shaped steps of 128 and 512 rows (one fresh chunk; ``fused`` is timed up to 128 rows);
 
 candidates interleaved, best of three (two for prompts). The plan is cached in
 ``$TIERSERVE_CACHE_DIR/autotune/<key>.json``, the key hashing the CPU model and instruction sets,
@@ -28,7 +26,7 @@ import time
 
 import torch
 
-from tierserve.model.plan import NEVER, PATHS, StepPlan
+from tierserve.model.plan import NEVER, StepPlan
 from tierserve.paths import cache_dir
 from tierserve.sampling_params import SamplingParams
 from tierserve.sim.machine import describe, machine_fingerprint
@@ -135,12 +133,13 @@ def measure(executor) -> dict[int, dict[str, float]]:
         return {}
     sp = SamplingParams(max_tokens=1)
     vocab = min(1000, executor.model.config.vocab_size - 1)
+    paths = executor.model.paths(bs)
     timings: dict[int, dict[str, float]] = {}
     from tierserve.executor.torch_executor import RequestState
 
     for rows in DECODE_SIZES + PROMPT_SIZES:
         decode = rows in DECODE_SIZES
-        cands = [p for p in PATHS if p != "fused" or rows <= FUSED_LIMIT]
+        cands = [p for p in paths if p != "fused" or rows <= FUSED_LIMIT]
         reps = 3 if decode else 2
         best = dict.fromkeys(cands, float("inf"))
         for _ in range(reps):

@@ -23,6 +23,7 @@ from tierserve.executor.block_table import BlockTables
 from tierserve.executor.sampling_state import SamplingState
 from tierserve.executor.scoring import prompt_logprobs
 from tierserve.model.llama import LlamaModel
+from tierserve.model.plan import uses_blas
 from tierserve.model.sampler import Sampler
 from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.sampling_params import SamplingParams
@@ -240,7 +241,7 @@ class TorchExecutor:
             self.kv_caches,
             batch.logits_rows,
             batch.hidden_rows,
-            blas=path in ("blas", "torch"),
+            blas=uses_blas(path),
         )
         result = ExecutorOutput()
         if batch.score_spans:

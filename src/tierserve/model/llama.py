@@ -29,7 +29,13 @@ from tierserve.model.attention import (
 from tierserve.model.config import ModelConfig
 from tierserve.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
 from tierserve.model.linear import Linear
-from tierserve.model.plan import TORCH_ONLY, StepPlan
+from tierserve.model.plan import (
+    NEVER,
+    PATHS,
+    TORCH_ONLY,
+    StepPlan,
+    uses_kernel_attention,
+)
 from tierserve.model.weights import QuantPolicy, WeightBuilder
 
 log = logging.getLogger(__name__)
@@ -100,17 +106,28 @@ class LlamaModel:
         ]
         return sum(lin.nbytes for lin in lins)
 
-    def default_plan(self, block_size: int) -> StepPlan:
-        """The plan before (or without) measurement: the kernels wherever they apply."""
+    def paths(self, block_size: int) -> tuple[str, ...]:
+        """The step paths this model can run here (`model/plan.py`)."""
+        if self.kernels is None:
+            return ("torch",)
         c = self.config
-        if self.kernel_attention is None or not self.kernel_attention.supports(
+        if not self.kernel_attention.supports(
             c.num_heads // c.num_kv_heads, c.head_dim, block_size
         ):
+            return ("mixed", "torch")
+        return PATHS
+
+    def default_plan(self, block_size: int) -> StepPlan:
+        """The plan before (or without) measurement: the kernels wherever they apply."""
+        paths = self.paths(block_size)
+        if paths == ("torch",):
             return TORCH_ONLY
+        if "fused" not in paths:
+            return StepPlan(((NEVER, paths[0]),))
         return StepPlan()
 
     def backend(self, path: str) -> AttentionBackend:
-        return self.torch_attention if path == "torch" else self.kernel_attention
+        return self.kernel_attention if uses_kernel_attention(path) else self.torch_attention
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         c = self.config

@@ -5,6 +5,8 @@
 * ``kernel``: op by op, kernel GEMMs and kernel attention;
 * ``blas``: op by op, BLAS GEMMs (quantized weights dequantized into a scratch buffer first) and
   kernel attention;
+* ``mixed``: op by op, kernel GEMMs and PyTorch attention (for models whose attention the
+  kernel does not cover: sliding windows, soft-capping, odd head sizes);
 * ``torch``: the pure-PyTorch path (BLAS, PyTorch attention): the reference.
 
 Without the compiled kernels every step runs ``torch``.
@@ -14,7 +16,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PATHS = ("fused", "kernel", "blas", "torch")
+PATHS = ("fused", "kernel", "blas", "mixed", "torch")
+
+
+def uses_blas(path: str) -> bool:
+    """The step's GEMMs run through BLAS (else the compiled kernels)."""
+    return path in ("blas", "torch")
+
+
+def uses_kernel_attention(path: str) -> bool:
+    return path in ("fused", "kernel", "blas")
+
+
 NEVER = 1 << 62
 
 
