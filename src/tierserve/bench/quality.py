@@ -75,7 +75,7 @@ def measure(quantization: str, max_tokens: int = 48) -> QualityRow:
     from tierserve.llm import LLM
     from tierserve.sampling_params import SamplingParams
 
-    llm = LLM(quantization=quantization, kv_cache_gib=0.1)
+    llm = LLM(quantization=quantization, kv_cache_gib=0.1, measure_costs=False)
     model = llm.executor.model
     ppl = perplexity(model, llm.tokenizer.encode(quality_text()), plan=llm.executor.plan)
     msgs = [[{"role": "user", "content": p}] for p in quality_prompts()]

@@ -9,7 +9,8 @@ through every path of `model/plan.py` that applies, at a few step sizes, in its 
 * decode-shaped steps of 1, 4, 16 and 64 requests (one new token each, 128 tokens of context);
 * prompt-shaped steps of 128 and 512 rows (one fresh chunk; ``fused`` is timed up to 128 rows);
 
-candidates interleaved, best of three (two for prompts). The plan is cached in
+candidates interleaved, best of three (two for prompts; a candidate more than 1.5x slower than
+the best after the first round is not timed again). The plan is cached in
 ``$TIERSERVE_CACHE_DIR/autotune/<key>.json``, the key hashing the CPU model and instruction sets,
 the thread count, torch's version, the kernels' build and the model's shapes and weight formats;
 a later start with the same key reads it (~0 s) and logs the choice. ``TIERSERVE_AUTOTUNE=off``
@@ -140,10 +141,11 @@ def measure(executor) -> dict[int, dict[str, float]]:
     for rows in DECODE_SIZES + PROMPT_SIZES:
         decode = rows in DECODE_SIZES
         cands = [p for p in paths if p != "fused" or rows <= FUSED_LIMIT]
-        reps = 3 if decode else 2
         best = dict.fromkeys(cands, float("inf"))
-        for _ in range(reps):
-            for p in cands:
+        for rep in range(3 if decode else 2):
+            # after the first round, only candidates within 1.5x of the best are timed again
+            lead = min(best.values())
+            for p in [c for c in cands if rep == 0 or best[c] <= 1.5 * lead]:
                 states, sched = {}, {}
                 if decode:
                     for r in range(rows):
