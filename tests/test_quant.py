@@ -73,6 +73,32 @@ def test_quantized_kernel_matches_dequantized_reference_at_every_row_count(fmt, 
 
 
 @needs_kernels
+@pytest.mark.skipif(
+    EXT is None or not EXT.QWeight.bf16_available(), reason="this CPU has no AVX512_BF16"
+)
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+def test_bf16_products_stay_close_and_batch_invariant(fmt):
+    torch.manual_seed(2)
+    n, k = 960, 576
+    qt = quant.quantize(torch.randn(n, k) * 0.1, fmt)
+    p = quant.pack(qt)
+    ref = quant.dequantize(qt).t().contiguous().double()
+    w = EXT.QWeight(quant.KERNEL_FORMAT[fmt], p.q, p.d, p.m, True)
+    assert w.bf16
+    for m in (1, 3, 7, 40):
+        x = torch.randn(m, k)
+        out = torch.empty(m, n)
+        EXT.weight_linear_into(x, w, None, out, False)
+        expect = x.double() @ ref
+        rel = (out.double() - expect).norm() / expect.norm()
+        assert 1e-6 < rel < 1e-2, (m, float(rel))  # bf16 rounding shows, and stays small
+        for r in (0, m - 1):
+            one = torch.empty(1, n)
+            EXT.weight_linear_into(x[r : r + 1], w, None, one, False)
+            assert torch.equal(one[0], out[r]), (m, r)
+
+
+@needs_kernels
 def test_quantized_kernel_rejects_mismatched_inputs():
     p = quant.pack(quant.quantize(torch.randn(32, 64), "q4_1"))
     w = EXT.QWeight(2, p.q, p.d, p.m)

@@ -160,6 +160,7 @@ def run_engine_bench(
     with_transformers: bool = True,
     dtype: str | None = None,
     quantization: str = "auto",
+    activations: str = "auto",
     max_num_batched_tokens: int = 2048,
 ) -> tuple[list[BenchRow], dict]:
     from tierserve.model.loader import load_model
@@ -171,6 +172,7 @@ def run_engine_bench(
             max_num_batched_tokens=max_num_batched_tokens,
             dtype=dtype,
             quantization=quantization,
+            activations=activations,
         )
     )
     rows = []
@@ -209,11 +211,11 @@ def format_report(rows: list[BenchRow], info: dict) -> str:
             f"{r.system:<14}{r.concurrency:>6}{r.output_tokens:>9}{r.seconds:>9.2f}"
             f"{r.tokens_per_s:>9.1f}{r.step_ms_median:>9.1f}"
         )
-    lines.append(
+    lines += [
         f"weights: {info['weights']}",
         f"roofline of one decode step (weights as stored + {info['dtype']} KV read, against the "
         "fp32 matmul peak; context = prompt + out/2):",
-    )
+    ]
     for n, r in info["roofline"].items():
         lines.append(
             f"  batch {n:>3}: {r['gflop']:.1f} GFLOP, {r['mbytes']:.0f} MB -> >= "

@@ -71,16 +71,19 @@ class QualityRow:
     answers: list[str]
 
 
-def measure(quantization: str, max_tokens: int = 48) -> QualityRow:
+def measure(quantization: str, max_tokens: int = 48, activations: str = "float32") -> QualityRow:
     from tierserve.llm import LLM
     from tierserve.sampling_params import SamplingParams
 
-    llm = LLM(quantization=quantization, kv_cache_gib=0.1, measure_costs=False)
+    llm = LLM(
+        quantization=quantization, activations=activations, kv_cache_gib=0.1, measure_costs=False
+    )
     model = llm.executor.model
     ppl = perplexity(model, llm.tokenizer.encode(quality_text()), plan=llm.executor.plan)
     msgs = [[{"role": "user", "content": p}] for p in quality_prompts()]
     outs = llm.generate(msgs, SamplingParams(temperature=0.0, max_tokens=max_tokens))
-    return QualityRow(quantization, model.weights_summary, ppl, [o.text for o in outs])
+    label = quantization + ("+bf16" if "bf16" in model.weights_summary else "")
+    return QualityRow(label, model.weights_summary, ppl, [o.text for o in outs])
 
 
 def format_table(rows: list[QualityRow], reference: str = "none") -> str:

@@ -22,6 +22,9 @@ class EngineArgs:
     # auto: the file's own precision (the embedded GGUF runs q4_1 / q8_0); none: float32;
     # q8_0 / q4_0: requantize (model/weights.py)
     quantization: str = "auto"
+    # Products of the quantized kernels: float32, or bfloat16 (float32 sums) where the CPU has
+    # AVX512_BF16; auto: bfloat16 there, float32 elsewhere (model/weights.py)
+    activations: str = "auto"
     kv_cache_gib: float = 1.0
     num_kv_blocks: int | None = None  # overrides kv_cache_gib
     # Host swap space for preempted KV. None: 4 GiB on CUDA, none on the CPU (there the device
@@ -53,6 +56,10 @@ class EngineArgs:
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
+            )
+        if self.activations not in ("auto", "float32", "bfloat16"):
+            raise ValueError(
+                f"activations must be auto, float32 or bfloat16, got {self.activations!r}"
             )
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

@@ -74,6 +74,7 @@ class Linear:
         w_t: torch.Tensor | None = None,  # [in, out] in the model's dtype
         packed: quant.Packed | None = None,
         bias: torch.Tensor | None = None,
+        bf16: bool = False,  # quantized kernels: bf16 products, float32 sums (AVX512_BF16)
     ) -> None:
         self.method = method
         self.w_t = w_t
@@ -84,9 +85,8 @@ class Linear:
         if packed is not None:
             self.in_features, self.out_features = packed.shape_kn
             self.fmt = packed.fmt
-            self.kernel_weight = k.QWeight(
-                quant.KERNEL_FORMAT[packed.fmt], packed.q, packed.d, packed.m
-            )
+            fmt = quant.KERNEL_FORMAT[packed.fmt]
+            self.kernel_weight = k.QWeight(fmt, packed.q, packed.d, packed.m, bf16)
         else:
             self.in_features, self.out_features = w_t.shape
             self.fmt = "f32" if w_t.dtype == torch.float32 else str(w_t.dtype).split(".")[-1]

@@ -60,6 +60,7 @@ class LlamaModel:
         dtype: torch.dtype = torch.float32,
         kernels: bool | None = None,  # None: use them where they apply and load
         quantization: str = "auto",
+        activations: str = "float32",
     ) -> None:
         self.config = config
         self.device = torch.device(device)
@@ -69,7 +70,9 @@ class LlamaModel:
             self.kernels = _kernels.get()
         if kernels and self.kernels is None:
             raise RuntimeError("kernels=True, but the compiled kernels do not apply or load")
-        b = WeightBuilder(weights, QuantPolicy(quantization), self.kernels, self.device, dtype)
+        b = WeightBuilder(
+            weights, QuantPolicy(quantization), self.kernels, self.device, dtype, activations
+        )
         self.torch_attention = TorchPagedAttention()
         self.kernel_attention = KernelPagedAttention(self.kernels) if self.kernels else None
         self.norm = b.dense_tensor("model.norm.weight")

@@ -79,6 +79,7 @@ class WeightBuilder:
     kernels: object  # the compiled module, or None
     device: torch.device
     dtype: torch.dtype
+    activations: str = "float32"  # quantized kernels' products: float32, bfloat16 or auto
     formats: Counter = field(default_factory=Counter)  # weight bytes by format, for the log
 
     def __post_init__(self) -> None:
@@ -91,6 +92,10 @@ class WeightBuilder:
                 "serving float32 weights",
                 self.policy.mode,
             )
+        self.bf16 = self.quantized_ok and (
+            self.activations == "bfloat16"
+            or (self.activations == "auto" and self.kernels.QWeight.bf16_available())
+        )
         self.dense = DenseMethod(self.kernels)
         self.gguf = GGUFMethod(self.kernels)
 
@@ -124,7 +129,7 @@ class WeightBuilder:
                 qt = quant.cat_rows(parts) if len(parts) > 1 else parts[0]
             else:
                 qt = quant.quantize(torch.cat([_as_float(p) for p in parts]), target)
-            lin = Linear(self.gguf, packed=quant.pack(qt), bias=b)
+            lin = Linear(self.gguf, packed=quant.pack(qt), bias=b, bf16=self.bf16)
         self.formats[lin.fmt] += lin.nbytes
         return lin
 
@@ -140,7 +145,8 @@ class WeightBuilder:
         return Embedding(table=table)
 
     def summary(self) -> str:
-        return ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in sorted(self.formats.items()))
+        s = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in sorted(self.formats.items()))
+        return s + (" (bf16 products)" if self.bf16 and len(self.formats) > 0 else "")
 
 
 def _as_float(t) -> torch.Tensor:

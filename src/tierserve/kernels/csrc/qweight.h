@@ -43,17 +43,23 @@ struct QView {
   const void* q;
   const uint16_t* d;
   const uint16_t* m;
+  bool bf16;  // products in bf16, sums in float32 (see QWeight)
   float value(int64_t row, int64_t n) const;  // the weight of panel row `row`, column n
 };
 
 struct QWeight {
-  QWeight(int64_t fmt, at::Tensor q, c10::optional<at::Tensor> d, c10::optional<at::Tensor> m);
+  QWeight(int64_t fmt, at::Tensor q, c10::optional<at::Tensor> d, c10::optional<at::Tensor> m,
+          bool bf16 = false);
   QView view() const;
   int64_t fmt, K, N;
   at::Tensor q, d, m;
+  // Quantized formats only: products in bf16 with float32 sums, where the CPU has AVX512_BF16
+  // (qgemm.cpp): ~2x the multiply-adds per instruction on compute-bound steps. Off elsewhere.
+  bool bf16;
   // From this many rows on, each thread dequantizes its column tile once into a panel and
   // runs every row block over it (below, every row block dequantizes in registers).
   static int64_t panel_min_rows;
+  static bool bf16_available();
 };
 
 // out (+)= a @ W (+ bias) for a weight of any format (float32 goes to gemm.cpp's kernel).
