@@ -30,6 +30,7 @@ import torch
 from tierserve.executor.torch_executor import RequestState, TorchExecutor
 from tierserve.model.config import ModelConfig
 from tierserve.model.llama import LlamaModel
+from tierserve.model.plan import uses_blas
 from tierserve.sampling_params import SamplingParams
 from tierserve.sim.cost_model import CostModel
 from tierserve.sim.profiles import ModelProfile, load_hardware
@@ -89,10 +90,12 @@ def logits_error(cfg: ModelConfig, device: str, dtype: torch.dtype, n: int = 64)
         ex.add_state("r", st["r"])
         from tierserve.executor.batch import build_batch
 
-        b = build_batch(st, {"r": n}, 16, ex.tables, model.dtype,
-                        segments=ex.kernel_attention, device=model.device)  # fmt: skip
+        path = ex.plan.path(n)
+        b = build_batch(st, {"r": n}, 16, ex.tables, model.backend(path), model.dtype,
+                        device=model.device, fused=path == "fused")  # fmt: skip
         outs.append(model.forward(b.input_ids, b.positions, b.meta, ex.kv_caches,
-                                  torch.arange(n, device=model.device)))  # fmt: skip
+                                  torch.arange(n, device=model.device),
+                                  blas=uses_blas(path)))  # fmt: skip
         del model, ex
         if device.startswith("cuda"):
             torch.cuda.empty_cache()

@@ -8,9 +8,11 @@ import torch
 from tierserve.executor.batch import build_batch
 from tierserve.executor.block_table import BlockTables
 from tierserve.executor.torch_executor import RequestState
+from tierserve.model.attention import KernelPagedAttention, TorchPagedAttention
 from tierserve.sampling_params import SamplingParams
 
 BS = 4
+TORCH, KERNEL = TorchPagedAttention(), KernelPagedAttention(kernels=None)  # metadata only
 
 
 def make_states(tables: BlockTables, specs):
@@ -43,8 +45,8 @@ def test_positions_slots_and_segments_match_per_token_definitions():
     # a fresh prompt, a chunk after a cached prefix, two decodes (one at a block edge)
     states = make_states(tables, [(11, 0), (30, 13), (9, 8), (17, 16)])
     sched = {"r0": 11, "r1": 10, "r2": 1, "r3": 1}
-    for segments in (False, True):
-        b = build_batch(states, sched, BS, tables, segments=segments)
+    for backend in (TORCH, KERNEL):
+        b = build_batch(states, sched, BS, tables, backend)
         pos, slots, ids = [], [], []
         for rid, n in sched.items():
             st = states[rid]
@@ -56,17 +58,18 @@ def test_positions_slots_and_segments_match_per_token_definitions():
         assert b.meta.slot_mapping.tolist() == slots
         assert b.input_ids.tolist() == ids
         assert b.logits_rows.tolist() == [10, 21, 22]  # r1 stops short of its known tokens
-    b = build_batch(states, sched, BS, tables, segments=True)
+    b = build_batch(states, sched, BS, tables, KERNEL)
     rows = {rid: states[rid].table_row for rid in sched}
     assert b.meta.segments.tolist() == [
         [11, 10, rows["r1"], 14],
         [21, 1, rows["r2"], 9],
         [22, 1, rows["r3"], 17],
     ]
-    assert [(p.start, p.end) for p in b.meta.prefills] == [(0, 11)]
-    fused = build_batch(states, sched, BS, tables, segments=True, fuse_rows=64)
-    assert fused.meta.segments.tolist()[0] == [0, 11, rows["r0"], 1] and fused.meta.all_decode
-    b = build_batch(states, sched, BS, tables)  # the PyTorch path's padded decode tables
+    assert [(p.start, p.end) for p in b.meta.fresh] == [(0, 11)]
+    fused = build_batch(states, sched, BS, tables, KERNEL, fused=True)
+    assert fused.meta.segments.tolist()[0] == [0, 11, rows["r0"], 1] and fused.meta.all_cached
+    assert fused.meta.fused and not fused.meta.fresh
+    b = build_batch(states, sched, BS, tables, TORCH)  # the PyTorch path's padded decode tables
     width = 5  # 17 positions need 5 blocks of 4
     assert b.meta.decode_rows.tolist() == [21, 22]
     expect = [(states[r].block_ids + [0] * width)[:width] for r in ("r2", "r3")]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tierserve.model.config import QUANTIZATIONS
+
 
 def _bench_kv(args: argparse.Namespace) -> int:
     from tierserve.bench.micro_kv import format_rows, run_kv_bench
@@ -38,8 +40,26 @@ def _bench_engine(args: argparse.Namespace) -> int:
         args.output_len,
         with_transformers=not args.no_transformers,
         dtype=args.dtype,
+        quantization=args.quantization,
+        activations=args.activations,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     )
     print(format_report(rows, info))
+    return 0
+
+
+def _bench_quality(args: argparse.Namespace) -> int:
+    from tierserve.bench.quality import format_table, measure
+
+    rows = [measure(q, args.max_tokens) for q in args.quantization]
+    if args.bf16:  # the quantized ones again with bf16 products
+        rows += [measure(q, args.max_tokens, "bfloat16") for q in args.quantization if q != "none"]
+    print(format_table(rows))
+    if args.show_answers:
+        for r in rows:
+            print(f"\n== {r.quantization}")
+            for a in r.answers:
+                print(" ", repr(a))
     return 0
 
 
@@ -253,8 +273,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompt-len", type=int, default=128)
     b.add_argument("--output-len", type=int, default=64)
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    b.add_argument("--quantization", choices=list(QUANTIZATIONS), default="auto")
+    b.add_argument("--activations", choices=["auto", "float32", "bfloat16"], default="auto")
+    b.add_argument("--max-num-batched-tokens", type=int, default=2048)
     b.add_argument("--no-transformers", action="store_true", help="skip the baseline")
     b.set_defaults(func=_bench_engine)
+
+    q = sub.add_parser("bench-quality", help="perplexity and greedy answers per quantization")
+    q.add_argument("--quantization", nargs="+", default=["none", "auto", "q8_0", "q4_0"])
+    q.add_argument("--max-tokens", type=int, default=48)
+    q.add_argument("--show-answers", action="store_true")
+    q.add_argument("--bf16", action="store_true", help="also with bf16 products (AVX512_BF16)")
+    q.set_defaults(func=_bench_quality)
 
     sm = sub.add_parser("simulate", help="run the real scheduler on a simulated cluster")
     sm.add_argument(

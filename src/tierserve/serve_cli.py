@@ -87,6 +87,19 @@ OPTIONS = [
     ("--port", int, None, "port (default 8000)"),
     ("--device", str, None, "cpu or cuda (default: cuda if present)"),
     ("--dtype", str, None, "float32 | bfloat16 | float16 (default: float32 on cpu, bf16 on cuda)"),
+    (
+        "--quantization",
+        str,
+        None,
+        "auto (the GGUF's own q8_0/q4_0/q4_1, default) | none (float32) | q8_0 | q4_0",
+    ),
+    (
+        "--activations",
+        str,
+        None,
+        "products of the quantized kernels: auto (bfloat16 where the CPU has AVX512_BF16, "
+        "default) | float32 | bfloat16",
+    ),
     ("--policy", str, None, "fcfs | strict | drr | wfq | hybrid (default hybrid)"),
     ("--max-num-seqs", int, None, "most requests running at once (default 64)"),
     (
@@ -351,6 +364,8 @@ def build_configs(opts: dict) -> tuple[EngineArgs, ServerSettings]:
             "model",
             "device",
             "dtype",
+            "quantization",
+            "activations",
             "kv_cache_gib",
             "num_kv_blocks",
             "swap_space_gib",

@@ -126,15 +126,22 @@ def build_hf(c, weights):
 
 
 def roofline(
-    config, batch: int, context: int, flops_peak: float, bw_peak: float, dtype_bytes: int = 4
+    config,
+    batch: int,
+    context: int,
+    flops_peak: float,
+    bw_peak: float,
+    dtype_bytes: int = 4,
+    weight_bytes: int | None = None,
 ) -> dict:
-    """A decode step of `batch` requests at `context` tokens each, at the run's dtype."""
+    """A decode step of `batch` requests at `context` tokens each: KV at `dtype_bytes`, the
+    weights at `weight_bytes` (their real size: quantized weights are read as stored)."""
     params = config.num_parameters() - config.vocab_size * config.hidden_size  # no lookup
     if config.tie_word_embeddings:
         params += config.vocab_size * config.hidden_size  # the tied head is a matmul
     attn = 4 * config.num_layers * config.num_heads * config.head_dim * context
     flops = batch * (2 * params + attn)
-    weight_bytes = dtype_bytes * params
+    weight_bytes = weight_bytes if weight_bytes is not None else dtype_bytes * params
     kv_bytes = batch * context * config.kv_bytes_per_token(dtype_bytes)
     t_compute, t_memory = flops / flops_peak, (weight_bytes + kv_bytes) / bw_peak
     return {
@@ -152,6 +159,9 @@ def run_engine_bench(
     out_len: int = 64,
     with_transformers: bool = True,
     dtype: str | None = None,
+    quantization: str = "auto",
+    activations: str = "auto",
+    max_num_batched_tokens: int = 2048,
 ) -> tuple[list[BenchRow], dict]:
     from tierserve.model.loader import load_model
 
@@ -159,8 +169,10 @@ def run_engine_bench(
         EngineArgs(
             kv_cache_gib=1.0,
             max_num_seqs=max(concurrencies),
-            max_num_batched_tokens=2048,
+            max_num_batched_tokens=max_num_batched_tokens,
             dtype=dtype,
+            quantization=quantization,
+            activations=activations,
         )
     )
     rows = []
@@ -171,16 +183,18 @@ def run_engine_bench(
             rows.append(run_transformers(hf, n, prompt_len, out_len, built.model_config.vocab_size))
     flops, bw = machine_peaks()
     ctx = prompt_len + out_len // 2
+    info_bytes = built.executor.model.weight_bytes()
     info = {
         "threads": torch.get_num_threads(),
         "flops_peak": flops,
         "bw_peak": bw,
         "dtype": str(built.executor.model.dtype).replace("torch.", ""),
         "roofline": {
-            n: roofline(built.model_config, n, ctx, flops, bw, built.executor.model.dtype.itemsize)
-            for n in concurrencies
+            n: roofline(built.model_config, n, ctx, flops, bw, 4, info_bytes) for n in concurrencies
         },
         "model": built.model_name,
+        "weights": built.executor.model.weights_summary,
+        "weight_bytes": built.executor.model.weight_bytes(),
     }
     return rows, info
 
@@ -197,10 +211,11 @@ def format_report(rows: list[BenchRow], info: dict) -> str:
             f"{r.system:<14}{r.concurrency:>6}{r.output_tokens:>9}{r.seconds:>9.2f}"
             f"{r.tokens_per_s:>9.1f}{r.step_ms_median:>9.1f}"
         )
-    lines.append(
-        f"roofline of one decode step ({info['dtype']} weights + KV read, against the fp32 "
-        "matmul peak; context = prompt + out/2):"
-    )
+    lines += [
+        f"weights: {info['weights']}",
+        f"roofline of one decode step (weights as stored + {info['dtype']} KV read, against the "
+        "fp32 matmul peak; context = prompt + out/2):",
+    ]
     for n, r in info["roofline"].items():
         lines.append(
             f"  batch {n:>3}: {r['gflop']:.1f} GFLOP, {r['mbytes']:.0f} MB -> >= "

@@ -13,6 +13,7 @@ from tierserve.config import (
     PriorityConfig,
     SchedulerConfig,
 )
+from tierserve.model.config import QUANTIZATIONS
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,12 @@ class EngineArgs:
     model: str | None = None  # None: the embedded default model
     device: str | None = None  # None: cuda if available, else cpu
     dtype: str | None = None  # None: bfloat16 on cuda, float32 on cpu
+    # auto: the file's own precision (the embedded GGUF runs q4_1 / q8_0); none: float32;
+    # q8_0 / q4_0: requantize (model/weights.py)
+    quantization: str = "auto"
+    # Products of the quantized kernels: float32, or bfloat16 (float32 sums) where the CPU has
+    # AVX512_BF16; auto: bfloat16 there, float32 elsewhere (model/weights.py)
+    activations: str = "auto"
     kv_cache_gib: float = 1.0
     num_kv_blocks: int | None = None  # overrides kv_cache_gib
     # Host swap space for preempted KV. None: 4 GiB on CUDA, none on the CPU (there the device
@@ -58,5 +65,13 @@ class EngineArgs:
             raise ValueError(f"swap_space_gib must not be negative, got {self.swap_space_gib}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be at least 1, got {self.cpu_threads}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
+            )
+        if self.activations not in ("auto", "float32", "bfloat16"):
+            raise ValueError(
+                f"activations must be auto, float32 or bfloat16, got {self.activations!r}"
+            )
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

@@ -72,7 +72,14 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
     loaded = load_model(args.model)
     device = args.device or default_device()
     dtype = _DTYPES[args.dtype] if args.dtype else default_dtype(device)
-    model = LlamaModel(loaded.config, loaded.weights, device, dtype)
+    model = LlamaModel(
+        loaded.config,
+        loaded.weights,
+        device,
+        dtype,
+        quantization=args.quantization,
+        activations=args.activations,
+    )
     loaded.weights = {}  # the model took what it needs
     num_blocks = args.num_kv_blocks or blocks_for_gib(model, args.block_size, args.kv_cache_gib)
     num_cpu = (

@@ -1,4 +1,5 @@
-"""Turn one step's scheduled requests into flat model inputs and paged-attention metadata.
+"""Turn one step's scheduled requests into flat model inputs and paged-attention metadata
+(built by the step's attention backend from a backend-neutral `BatchLayout`).
 
 Positions and KV slots come from array operations over the step's requests (no Python loop over
 tokens): token t of request r sits at position ``start_r + (t - row_r)`` and its slot is
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from tierserve.model.attention import AttentionMetadata, PrefillSeq
+from tierserve.model.attention import AttentionBackend, AttentionMetadata, BatchLayout
 from tierserve.model.sampler import SampleRow
 
 if TYPE_CHECKING:
@@ -57,14 +58,13 @@ def build_batch(
     scheduled: dict[str, int],
     block_size: int,
     tables: BlockTables,
+    backend: AttentionBackend,
     dtype: torch.dtype = torch.float32,
-    segments: bool = False,
     device: torch.device | str = "cpu",
-    fuse_rows: int = 0,
+    fused: bool = False,
 ) -> Batch:
-    """`segments`: describe decodes and continued prefill chunks as kernel segments (rows, table
-    row, context) instead of the padded gather tables of the PyTorch path; in a step of at most
-    `fuse_rows` rows, chunks from position 0 too (the model then runs whole fused layers)."""
+    """The step's flat inputs, with attention metadata built by `backend` (`fused`: the model
+    will run whole fused decoder layers, so every request becomes a kernel segment)."""
     ids: list[int] = []
     starts, counts, table_rows = [], [], []
     logits_rows: list[int] = []
@@ -103,16 +103,20 @@ def build_batch(
     pos = np.arange(total, dtype=np.int64) + np.repeat(start_a - row_a, count_a)
     blocks = tables.array[np.repeat(np.asarray(table_rows), count_a), pos // block_size]
     slots = blocks.astype(np.int64) * block_size + pos % block_size
-    meta = AttentionMetadata(slot_mapping=torch.from_numpy(slots))
-    if segments:
-        fresh_too = total <= fuse_rows
-        _segment_meta(meta, tables, start_a, count_a, row_a, table_rows, fresh_too)
-    else:
-        _gather_meta(meta, tables, start_a, count_a, row_a, table_rows, block_size, dtype)
+    layout = BatchLayout(
+        tables,
+        start_a,
+        count_a,
+        row_a,
+        np.asarray(table_rows, dtype=np.int64),
+        torch.from_numpy(slots),
+        block_size,
+        dtype,
+    )
     batch = Batch(
         input_ids=torch.tensor(ids, dtype=torch.long),
         positions=torch.from_numpy(pos),
-        meta=meta,
+        meta=backend.build(layout, fused),
         logits_rows=torch.tensor(logits_rows, dtype=torch.long),
         sample_ids=sample_ids,
         sample_rows=sample_rows,
@@ -124,57 +128,7 @@ def build_batch(
 
 def _to(batch: Batch, device: torch.device) -> Batch:
     """Built on the CPU; moved in one place for a CUDA model."""
-    m = batch.meta
-    for obj, names in (
-        (batch, ("input_ids", "positions", "logits_rows")),
-        (m, ("slot_mapping", "decode_rows", "decode_blocks", "decode_bias", "tables", "segments")),
-    ):
-        for name in names:
-            t = getattr(obj, name)
-            if t is not None:
-                setattr(obj, name, t.to(device, non_blocking=True))
-    for p in m.prefills:
-        p.slots = None if p.slots is None else p.slots.to(device)
-        p.mask = None if p.mask is None else p.mask.to(device)
+    for name in ("input_ids", "positions", "logits_rows"):
+        setattr(batch, name, getattr(batch, name).to(device, non_blocking=True))
+    batch.meta = batch.meta.to(device)
     return batch
-
-
-def _segment_meta(meta, tables, starts, counts, rows, table_rows, fresh_too) -> None:
-    """Every request that reads cached context (a decode, or a chunk after computed tokens) is
-    one kernel segment; a chunk from position 0 attends to its own keys (PrefillSeq), unless
-    `fresh_too`: its keys are in the cache before attention, so it can be a segment as well."""
-    cached = (starts >= 0) if fresh_too else (starts > 0)
-    meta.tables = tables.tensor
-    seg = np.stack([rows, counts, np.asarray(table_rows), starts + 1], axis=1)[cached]
-    meta.segments = torch.from_numpy(seg.astype(np.int32))
-    meta.all_decode = bool(cached.all())
-    for i in np.flatnonzero(~cached).tolist():
-        meta.prefills.append(PrefillSeq(int(rows[i]), int(rows[i] + counts[i]), None, None))
-
-
-def _gather_meta(meta, tables, starts, counts, rows, table_rows, block_size, dtype) -> None:
-    """The PyTorch path: decodes gather a padded [B, width] table; a chunk continuing a cached
-    prefix gathers its context slots and a shifted causal mask."""
-    decode = counts == 1
-    t_rows = np.asarray(table_rows)
-    for i in np.flatnonzero(~decode).tolist():
-        start, end, row = int(starts[i]), int(starts[i] + counts[i]), int(rows[i])
-        if start == 0:
-            meta.prefills.append(PrefillSeq(row, row + int(counts[i]), None, None))
-            continue
-        p = np.arange(end)
-        ctx = tables.array[t_rows[i], p // block_size].astype(np.int64) * block_size
-        ctx = torch.from_numpy(ctx + p % block_size)
-        mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
-        meta.prefills.append(PrefillSeq(row, row + int(counts[i]), ctx, mask))
-    if not decode.any():
-        return
-    lens = torch.from_numpy(starts[decode] + 1)
-    width = -(-int(lens.max()) // block_size)
-    table = tables.tensor[torch.from_numpy(t_rows[decode]), :width]
-    meta.decode_rows = torch.from_numpy(rows[decode])
-    meta.decode_blocks = table.reshape(-1).long()
-    pad = torch.arange(width * block_size)[None, :] >= lens[:, None]
-    bias = torch.zeros(pad.shape, dtype=dtype).masked_fill_(pad, float("-inf"))
-    meta.decode_bias = bias[:, None, :]  # [B, 1, L]
-    meta.all_decode = bool(decode.all())

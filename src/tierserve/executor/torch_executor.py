@@ -17,11 +17,13 @@ import torch
 
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts
+from tierserve.executor.autotune import load_or_measure
 from tierserve.executor.batch import build_batch
 from tierserve.executor.block_table import BlockTables
 from tierserve.executor.sampling_state import SamplingState
 from tierserve.executor.scoring import prompt_logprobs
-from tierserve.model.llama import FUSED_MAX_ROWS, LlamaModel
+from tierserve.model.llama import LlamaModel
+from tierserve.model.plan import uses_blas
 from tierserve.model.sampler import Sampler
 from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.sampling_params import SamplingParams
@@ -104,13 +106,15 @@ class TorchExecutor:
         )
         self.states: dict[str, RequestState] = {}
         self.tables = BlockTables()
-        self.kernel_attention = model.uses_kernel_attention(block_size)
+        self.plan = model.default_plan(block_size)
         self.last_swap_seconds = (0.0, 0.0)  # (in, out) copy time of the last step
         self.sampler = Sampler(dev, seed, model.kernels)
         self.sampling = SamplingState(
             model.config.vocab_size, dev, _grammar_engine(tokenizer, model) if tokenizer else None
         )
         self._costs = self._measure() if measure else None
+        if measure:  # the fastest path per step size, measured once per machine and model
+            self.plan = load_or_measure(self)
 
     # -- cost figures for preemption -------------------------------------------------------
     def preemption_costs(self) -> PreemptionCosts | None:
@@ -216,17 +220,18 @@ class TorchExecutor:
         return result
 
     def _forward(
-        self, states: dict[str, RequestState], scheduled: dict[str, int]
+        self, states: dict[str, RequestState], scheduled: dict[str, int], path: str | None = None
     ) -> ExecutorOutput:
+        path = path or self.plan.path(sum(scheduled.values()))
         batch = build_batch(
             states,
             scheduled,
             self.block_size,
             self.tables,
+            self.model.backend(path),
             self.model.dtype,
-            segments=self.kernel_attention,
             device=self.model.device,
-            fuse_rows=FUSED_MAX_ROWS if self.kernel_attention else 0,
+            fused=path == "fused",
         )
         masks = self.sampling.masks(batch.sample_ids) if batch.sample_ids else None
         logits = self.model.forward(
@@ -236,6 +241,7 @@ class TorchExecutor:
             self.kv_caches,
             batch.logits_rows,
             batch.hidden_rows,
+            blas=uses_blas(path),
         )
         result = ExecutorOutput()
         if batch.score_spans:

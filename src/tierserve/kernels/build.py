@@ -24,7 +24,16 @@ from types import ModuleType
 import torch
 
 NAME = "tierserve_kernels"
-SOURCES = ("bindings.cpp", "gemm.cpp", "attention.cpp", "layer.cpp", "sample.cpp", "vec.h")
+SOURCES = (
+    "bindings.cpp",
+    "gemm.cpp",
+    "qgemm.cpp",
+    "attention.cpp",
+    "layer.cpp",
+    "sample.cpp",
+    "vec.h",
+    "qweight.h",
+)
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 CSRC = Path(__file__).parent / "csrc"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+# --quantization: auto (the file's own precision), none (float32), or requantize (model/weights.py)
+QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Read a llama-architecture GGUF file: config and tokenizer from its metadata, tensors
-dequantized to float32 with Hugging Face names.
+"""Read a llama-architecture GGUF file: config and tokenizer from its metadata, tensors with
+Hugging Face names, each in the file's own precision where tierserve executes it (q8_0, q4_0,
+q4_1 as `QuantTensor`s, `model/quant.py`) and dequantized to float32 otherwise.
 
 llama.cpp stores ``attn_q`` and ``attn_k`` with the two halves of each head's rotary dimensions
 interleaved; they are permuted back to the Hugging Face layout here (rotate-half rope).
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tierserve.model import quant
 from tierserve.model.config import ModelConfig
 from tierserve.model.tokenizer import ChatTokenizer, build_bpe_tokenizer
 
@@ -55,10 +57,32 @@ def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, out // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(out, *rest)
 
 
+def _tensor(t, name: str, n_heads: int, n_kv: int):
+    """One GGUF tensor: a QuantTensor in a format the kernels run, else float32."""
+    import gguf
+
+    fmt = t.tensor_type.name.lower()
+    if fmt in quant.FORMATS and len(t.shape) == 2:
+        n, k = int(t.shape[1]), int(t.shape[0])  # GGUF lists dimensions innermost first
+        qt = quant.QuantTensor(fmt, (n, k), np.asarray(t.data).reshape(n, -1))
+        if ".q_proj." in name or ".k_proj." in name:
+            heads = n_heads if ".q_proj." in name else n_kv
+            qt = qt.rows(unpermute_rope(np.arange(n), heads))
+        return qt
+    arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+    if ".q_proj." in name:
+        arr = unpermute_rope(arr, n_heads)
+    elif ".k_proj." in name:
+        arr = unpermute_rope(arr, n_kv)
+    if not arr.flags.writeable or not arr.flags.c_contiguous:
+        arr = np.array(arr, order="C")
+    return torch.from_numpy(arr)
+
+
 def read_gguf(
     path: Path, progress: Callable[[int, int], None] | None = None
-) -> tuple[ModelConfig, dict[str, torch.Tensor], ChatTokenizer]:
-    """`progress(done, total)` hears of each tensor dequantized."""
+) -> tuple[ModelConfig, dict, ChatTokenizer]:
+    """`progress(done, total)` hears of each tensor read."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
@@ -95,21 +119,13 @@ def read_gguf(
         eos_token_ids=() if eos is None else (int(eos),),
         name=str(_field(reader, "general.name", path.stem)),
     )
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict = {}
     for i, t in enumerate(reader.tensors):
         if progress is not None:
             progress(i, len(reader.tensors))
         name = hf_name(t.name)
-        if name is None:
-            continue
-        arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        if ".q_proj." in name:
-            arr = unpermute_rope(arr, n_heads)
-        elif ".k_proj." in name:
-            arr = unpermute_rope(arr, n_kv)
-        if not arr.flags.writeable or not arr.flags.c_contiguous:
-            arr = np.array(arr, order="C")
-        weights[name] = torch.from_numpy(arr)
+        if name is not None:
+            weights[name] = _tensor(t, name, n_heads, n_kv)
     tk = build_bpe_tokenizer(
         tokens,
         list(_field(reader, "tokenizer.ggml.merges")),

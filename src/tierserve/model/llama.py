@@ -1,69 +1,54 @@
 """Llama-family decoder (Llama, Mistral, Qwen2) over a flat mixed batch with a paged KV cache.
 
-Weights are held as plain tensors, fused where it saves matmul calls (q/k/v into one projection,
-gate/up into another) and stored transposed, ``[in, out]``, because ``x @ W_t`` is measurably
-faster than ``linear(x, W)`` for the small batch sizes of decoding on CPU BLAS. Logits are
-computed only for the rows that sample.
+Linear weights are `Linear` layers (`model/linear.py`) in the precision the loader chose
+(float32, or a GGUF block format run by the quantized kernels), fused where it saves calls (q/k/v
+into one projection, gate/up into another) and stored ``[in, out]``. Logits are computed only
+for the rows that sample.
 
-On the CPU in float32 the compiled kernels (`tierserve.kernels`) take the products of up to
-`KERNEL_MAX_ROWS` rows (decode steps: BLAS is far from the memory and FMA bounds there), and of
-any size where a start-up check finds the kernel faster than BLAS at `PROBE_ROWS` rows (it is
-where the BLAS runs a generic code path, as MKL does on AMD CPUs); all attention over cached
-context; and whole fused layers in steps of up to `FUSED_MAX_ROWS` rows. ``kernels=False`` (or
-``TIERSERVE_KERNELS=off``) runs the pure-PyTorch path, the reference the kernels are tested
-against.
+A step runs one of the paths of `model/plan.py`, chosen per step size by measurement: whole
+fused decoder layers in C++, op by op with the kernel GEMMs, op by op with BLAS, or the
+pure-PyTorch reference (``kernels=False`` or ``TIERSERVE_KERNELS=off``: always). Attention runs
+in the backend that built the step's metadata (`model/attention/`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from tierserve import kernels as _kernels
-from tierserve.model.attention import AttentionMetadata, paged_attention
+from tierserve.model.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    KernelPagedAttention,
+    TorchPagedAttention,
+)
 from tierserve.model.config import ModelConfig
 from tierserve.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
+from tierserve.model.linear import Linear
+from tierserve.model.plan import (
+    NEVER,
+    PATHS,
+    TORCH_ONLY,
+    StepPlan,
+    uses_kernel_attention,
+)
+from tierserve.model.weights import QuantPolicy, WeightBuilder
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Layer:
-    w_qkv: torch.Tensor  # all [in, out]
-    b_qkv: torch.Tensor | None
-    w_o: torch.Tensor
-    w_gate_up: torch.Tensor
-    w_down: torch.Tensor
+    qkv: Linear  # q, k, v stacked along the output
+    o: Linear
+    gate_up: Linear  # gate and up stacked along the output
+    down: Linear
     ln_attn: torch.Tensor
     ln_mlp: torch.Tensor
-
-
-def _t(w: torch.Tensor) -> torch.Tensor:
-    return w.t().contiguous()
-
-
-KERNEL_MAX_ROWS = 128  # the kernel beats BLAS below this everywhere measured
-FUSED_MAX_ROWS = 128  # beyond, prompts attend through SDPA (faster for long fresh prompts)
-PROBE_ROWS = 512
-
-
-def _faster_than_blas(kernels, w_t: torch.Tensor, rows: int = PROBE_ROWS) -> bool:
-    """Times one weight at `rows` rows both ways (best of 3 each, interleaved: ~50 ms)."""
-    x, out = torch.randn(rows, w_t.shape[0]), torch.empty(rows, w_t.shape[1])
-    best = {True: float("inf"), False: float("inf")}
-    for _ in range(3):
-        for use in (True, False):
-            t0 = time.perf_counter()
-            if use:
-                kernels.linear_into(x, w_t, None, out, False)
-            else:
-                torch.mm(x, w_t, out=out)
-            best[use] = min(best[use], time.perf_counter() - t0)
-    return best[True] < best[False]
 
 
 class LlamaModel:
@@ -74,6 +59,8 @@ class LlamaModel:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         kernels: bool | None = None,  # None: use them where they apply and load
+        quantization: str = "auto",
+        activations: str = "float32",
     ) -> None:
         self.config = config
         self.device = torch.device(device)
@@ -83,78 +70,67 @@ class LlamaModel:
             self.kernels = _kernels.get()
         if kernels and self.kernels is None:
             raise RuntimeError("kernels=True, but the compiled kernels do not apply or load")
-
-        def w(name: str) -> torch.Tensor:
-            # Take ownership (pop) so the source's copy can be freed as the model is built.
-            if name not in weights:
-                raise KeyError(f"weight {name!r} missing from the checkpoint")
-            return weights.pop(name).to(self.device, dtype)
-
-        # The vocabulary head is stored [hidden, vocab] like every other weight (the GEMM kernel
-        # and BLAS are both faster on x @ W_t at decode sizes); tied embeddings are looked up in
-        # that same copy (`_embed`), so tying still costs one table.
-        embed = w("model.embed_tokens.weight")
-        self.norm = w("model.norm.weight")
-        if "lm_head.weight" in weights and not config.tie_word_embeddings:
-            self.embed: torch.Tensor | None = embed
-            self.head_t = _t(w("lm_head.weight"))
-        else:
-            self.embed = None
-            self.head_t = _t(embed)
-        del embed
+        b = WeightBuilder(
+            weights, QuantPolicy(quantization), self.kernels, self.device, dtype, activations
+        )
+        self.torch_attention = TorchPagedAttention()
+        self.kernel_attention = KernelPagedAttention(self.kernels) if self.kernels else None
+        self.norm = b.dense_tensor("model.norm.weight")
+        # The vocabulary head is stored [hidden, vocab] like every other weight; tied embeddings
+        # are looked up in that same copy (`Embedding.tied`), so tying still costs one table.
+        tied = config.tie_word_embeddings or not b.has("lm_head.weight")
+        self.lm_head = b.linear(["model.embed_tokens.weight" if tied else "lm_head.weight"], True)
+        self.embed = b.embedding("model.embed_tokens.weight", self.lm_head if tied else None)
         self.layers = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
-            bias = None
-            if config.attention_bias:
-                bias = torch.cat([w(a + f"{x}_proj.bias") for x in "qkv"])
+            qkv_bias = [a + f"{x}_proj.bias" for x in "qkv"] if config.attention_bias else None
             self.layers.append(
                 _Layer(
-                    w_qkv=_t(torch.cat([w(a + f"{x}_proj.weight") for x in "qkv"])),
-                    b_qkv=bias,
-                    w_o=_t(w(a + "o_proj.weight")),
-                    w_gate_up=_t(
-                        torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")])
-                    ),
-                    w_down=_t(w(p + "mlp.down_proj.weight")),
-                    ln_attn=w(p + "input_layernorm.weight"),
-                    ln_mlp=w(p + "post_attention_layernorm.weight"),
+                    qkv=b.linear([a + f"{x}_proj.weight" for x in "qkv"], bias=qkv_bias),
+                    o=b.linear([a + "o_proj.weight"]),
+                    gate_up=b.linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+                    down=b.linear([p + "mlp.down_proj.weight"]),
+                    ln_attn=b.dense_tensor(p + "input_layernorm.weight"),
+                    ln_mlp=b.dense_tensor(p + "post_attention_layernorm.weight"),
                 )
             )
+        self.weights_summary = b.summary()
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(
             self.device
         )
-        self.kernel_max_rows = KERNEL_MAX_ROWS
-        if self.kernels is not None and _faster_than_blas(self.kernels, self.layers[0].w_gate_up):
-            self.kernel_max_rows = 1 << 62
-        if self.kernels is not None:
-            log.info("GEMM kernel for up to %d rows, BLAS beyond", self.kernel_max_rows)
+        log.info("weights: %s", self.weights_summary)
 
-    def uses_kernel_attention(self, block_size: int) -> bool:
+    def weight_bytes(self) -> int:
+        """Bytes of every linear weight as stored (what a decode step reads)."""
+        lins = [self.lm_head] + [
+            lin for ly in self.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down)
+        ]
+        return sum(lin.nbytes for lin in lins)
+
+    def paths(self, block_size: int) -> tuple[str, ...]:
+        """The step paths this model can run here (`model/plan.py`)."""
+        if self.kernels is None:
+            return ("torch",)
         c = self.config
-        return self.kernels is not None and self.kernels.attention_supported(
+        if not self.kernel_attention.supports(
             c.num_heads // c.num_kv_heads, c.head_dim, block_size
-        )
+        ):
+            return ("mixed", "torch")
+        return PATHS
 
-    def _mm(self, x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = None):
-        if self.kernels is not None and x.shape[0] <= self.kernel_max_rows:
-            out = x.new_empty((x.shape[0], w_t.shape[1]))
-            self.kernels.linear_into(x, w_t, bias, out, False)
-            return out
-        return torch.mm(x, w_t) if bias is None else torch.addmm(bias, x, w_t)
+    def default_plan(self, block_size: int) -> StepPlan:
+        """The plan before (or without) measurement: the kernels wherever they apply."""
+        paths = self.paths(block_size)
+        if paths == ("torch",):
+            return TORCH_ONLY
+        if "fused" not in paths:
+            return StepPlan(((NEVER, paths[0]),))
+        return StepPlan()
 
-    def _mm_add_(self, x: torch.Tensor, a: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
-        """x + a @ w_t (the residual), in x's memory on the kernel path."""
-        if self.kernels is not None and x.shape[0] <= self.kernel_max_rows:
-            self.kernels.linear_into(a, w_t, None, x, True)
-            return x
-        return torch.addmm(x, a, w_t)
-
-    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.embed is not None:
-            return F.embedding(ids, self.embed)
-        return self.head_t.index_select(1, ids).t().contiguous()
+    def backend(self, path: str) -> AttentionBackend:
+        return self.kernel_attention if uses_kernel_attention(path) else self.torch_attention
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         c = self.config
@@ -169,42 +145,44 @@ class LlamaModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_rows: torch.Tensor,
         hidden_rows: torch.Tensor | None = None,
+        blas: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """input_ids, positions: [T]. Returns float32 logits for `logits_rows` only: [S, V]; with
-        `hidden_rows`, also those rows' final (normed) hidden states, [H, D], for `head`."""
+        `hidden_rows`, also those rows' final (normed) hidden states, [H, D], for `head`.
+        `meta` built fused runs fused layers; `blas`: the GEMMs through BLAS."""
         c = self.config
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
-        x = self._embed(input_ids)
+        x = self.embed(input_ids)
         t = x.shape[0]
         k_end = c.q_size + c.kv_size
         inter = c.intermediate_size
         heads = c.num_heads + c.num_kv_heads
-        ext = self.kernels if meta.segments is not None else None
-        if ext is not None and meta.all_decode and t <= FUSED_MAX_ROWS:
+        if getattr(meta, "fused", False):
             x = self._forward_fused(x, cos, sin, meta, kv_caches)
-            return self._outputs(x, logits_rows, hidden_rows)
+            return self._outputs(x, logits_rows, hidden_rows, blas)
+        attention = meta.backend
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             h = rms_norm(x, layer.ln_attn, c.rms_norm_eps)
-            qkv = self._mm(h, layer.w_qkv, layer.b_qkv)
+            qkv = layer.qkv(h, blas)
             # Queries and keys rotated together: one rope over [T, heads + kv_heads, D].
             qk = apply_rope(qkv[:, :k_end].view(t, heads, c.head_dim), cos, sin)
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             v = qkv[:, k_end:].view(t, c.num_kv_heads, c.head_dim)
-            attn = paged_attention(q, k, v, k_cache, v_cache, meta, ext)
-            x = self._mm_add_(x, attn.reshape(t, c.q_size), layer.w_o)  # residual in the GEMM
+            attn = attention.forward(q, k, v, k_cache, v_cache, meta)
+            x = layer.o.add_into(x, attn.reshape(t, c.q_size), blas)  # the residual, in place
             h = rms_norm(x, layer.ln_mlp, c.rms_norm_eps)
-            gu = self._mm(h, layer.w_gate_up)
+            gu = layer.gate_up(h, blas)
             act = F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:])  # in gu's memory
-            x = self._mm_add_(x, act, layer.w_down)
-        return self._outputs(x, logits_rows, hidden_rows)
+            x = layer.down.add_into(x, act, blas)
+        return self._outputs(x, logits_rows, hidden_rows, blas)
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+    def head(self, hidden: torch.Tensor, blas: bool = False) -> torch.Tensor:
         """float32 logits of final (normed) hidden states."""
-        return self._mm(hidden, self.head_t).float()
+        return self.lm_head(hidden, blas).float()
 
-    def _outputs(self, x, logits_rows, hidden_rows):
+    def _outputs(self, x, logits_rows, hidden_rows, blas):
         eps = self.config.rms_norm_eps
-        logits = self.head(rms_norm(x.index_select(0, logits_rows), self.norm, eps))
+        logits = self.head(rms_norm(x.index_select(0, logits_rows), self.norm, eps), blas)
         if hidden_rows is None:
             return logits
         return logits, rms_norm(x.index_select(0, hidden_rows.to(x.device)), self.norm, eps)
@@ -216,7 +194,8 @@ class LlamaModel:
         cos, sin = cos[:, 0].contiguous(), sin[:, 0].contiguous()
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             self.kernels.decoder_layer(
-                x, layer.w_qkv, layer.b_qkv, layer.w_o, layer.w_gate_up, layer.w_down,
+                x, layer.qkv.kernel_weight, layer.qkv.bias, layer.o.kernel_weight,
+                layer.gate_up.kernel_weight, layer.down.kernel_weight,
                 layer.ln_attn, layer.ln_mlp, cos, sin, k_cache, v_cache, meta.slot_mapping,
                 meta.tables, meta.segments, c.num_heads, c.rms_norm_eps,
             )  # fmt: skip

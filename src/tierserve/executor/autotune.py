@@ -1,0 +1,169 @@
+"""Choose each step size's code path by measuring it on this machine, once, and cache the choice.
+
+A kernel tuned on one CPU was 1.5x slower than the library path on the next (an Intel Xeon
+where MKL runs its AVX-512 code, against the AMD EPYC where the kernels were written), so
+nothing is assumed: at first start the executor times a real forward pass of the loaded model
+through every path of `model/plan.py` that applies, at a few step sizes, in its own KV cache
+(before any request holds a block), and keeps the fastest path per size:
+
+* decode-shaped steps of 1, 4, 16 and 64 requests (one new token each, 128 tokens of context);
+* prompt-shaped steps of 128 and 512 rows (one fresh chunk; ``fused`` is timed up to 128 rows);
+
+candidates interleaved, best of three (two for prompts; a candidate more than 1.5x slower than
+the best after the first round is not timed again). The plan is cached in
+``$TIERSERVE_CACHE_DIR/autotune/<key>.json``, the key hashing the CPU model and instruction sets,
+the thread count, torch's version, the kernels' build and the model's shapes and weight formats;
+a later start with the same key reads it (~0 s) and logs the choice. ``TIERSERVE_AUTOTUNE=off``
+keeps the default plan (the kernels wherever they apply); ``=again`` measures even if cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+
+import torch
+
+from tierserve.model.plan import NEVER, StepPlan
+from tierserve.paths import cache_dir
+from tierserve.sampling_params import SamplingParams
+from tierserve.sim.machine import describe, machine_fingerprint
+
+log = logging.getLogger(__name__)
+
+DECODE_SIZES = (1, 4, 16, 64)
+PROMPT_SIZES = (128, 512)
+CONTEXT = 128
+FUSED_LIMIT = 128  # the fused layer's segments are decode-sized: never timed beyond
+
+
+def plan_key(executor) -> str:
+    m = executor.model
+    build = ""
+    if m.kernels is not None:
+        from tierserve.kernels.build import build_key
+
+        build = build_key()
+    raw = json.dumps(
+        [
+            machine_fingerprint(torch.get_num_threads()),
+            build,
+            m.config.to_dict(),
+            m.weights_summary,
+            executor.block_size,
+            str(m.dtype),
+            "v1",
+        ],
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def load_or_measure(executor) -> StepPlan:
+    """The executor's plan: cached, measured now, or the default (see the module docstring)."""
+    default = executor.plan
+    setting = os.environ.get("TIERSERVE_AUTOTUNE", "on").strip().lower()
+    if setting == "off" or default.source == "no kernels":
+        return default
+    path = cache_dir() / "autotune" / f"{plan_key(executor)}.json"
+    if setting != "again" and path.exists():
+        try:
+            data = json.loads(path.read_text())
+            plan = StepPlan(tuple((int(a), str(b)) for a, b in data["table"]), str(path))
+            log.info("step plan (cached, %s): %s", path, plan.describe())
+            return plan
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("ignoring the unreadable step-plan cache %s: %s", path, e)
+    t0 = time.perf_counter()
+    timings = measure(executor)
+    if not timings:
+        return default
+    plan = choose(timings)
+    log.info(
+        "step plan (measured in %.1f s on %s): %s",
+        time.perf_counter() - t0,
+        describe(machine_fingerprint(torch.get_num_threads())),
+        plan.describe(),
+    )
+    for rows, t in sorted(timings.items()):
+        log.info(
+            "  %4d rows: %s", rows, ", ".join(f"{p} {1e3 * s:.1f} ms" for p, s in sorted(t.items()))
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps({"table": plan.table, "timings": {str(k): v for k, v in timings.items()}})
+        )
+        tmp.replace(path)
+    except OSError as e:
+        log.warning("could not cache the step plan in %s: %s", path, e)
+    return plan
+
+
+def choose(timings: dict[int, dict[str, float]]) -> StepPlan:
+    """The fastest path per measured size; each size decides up to the next measured one."""
+    sizes = sorted(timings)
+    table: list[tuple[int, str]] = []
+    for i, rows in enumerate(sizes):
+        best = min(timings[rows], key=timings[rows].get)
+        limit = NEVER if i == len(sizes) - 1 else (rows + sizes[i + 1]) // 2
+        if best == "fused":
+            limit = min(limit, FUSED_LIMIT)
+        if table and table[-1][1] == best:
+            table[-1] = (limit, best)
+        else:
+            table.append((limit, best))
+    if table[-1][0] != NEVER:  # a fused last entry was capped: larger steps take the runner-up
+        last = timings[sizes[-1]]
+        table.append((NEVER, min((p for p in last if p != "fused"), key=last.get)))
+    return StepPlan(tuple(table), "measured")
+
+
+def measure(executor) -> dict[int, dict[str, float]]:
+    """Seconds per forward pass, by step rows and path, in the executor's own KV cache."""
+    bs = executor.block_size
+    ctx_blocks = -(-(CONTEXT + 1) // bs)
+    need = max(max(DECODE_SIZES) * ctx_blocks, -(-max(PROMPT_SIZES) // bs))
+    if executor.num_blocks < need or executor.states:
+        log.info("step plan: default (a KV cache of %d blocks is too small to measure in)", need)
+        return {}
+    sp = SamplingParams(max_tokens=1)
+    vocab = min(1000, executor.model.config.vocab_size - 1)
+    paths = executor.model.paths(bs)
+    timings: dict[int, dict[str, float]] = {}
+    from tierserve.executor.torch_executor import RequestState
+
+    for rows in DECODE_SIZES + PROMPT_SIZES:
+        decode = rows in DECODE_SIZES
+        cands = [p for p in paths if p != "fused" or rows <= FUSED_LIMIT]
+        best = dict.fromkeys(cands, float("inf"))
+        for rep in range(3 if decode else 2):
+            # after the first round, only candidates within 1.5x of the best are timed again
+            lead = min(best.values())
+            for p in [c for c in cands if rep == 0 or best[c] <= 1.5 * lead]:
+                states, sched = {}, {}
+                if decode:
+                    for r in range(rows):
+                        blocks = list(range(r * ctx_blocks, (r + 1) * ctx_blocks))
+                        toks = [1 + (r + i) % vocab for i in range(CONTEXT + 1)]
+                        states[f"t{r}"] = RequestState(toks, CONTEXT, blocks, CONTEXT, sp)
+                        sched[f"t{r}"] = 1
+                else:
+                    blocks = list(range(-(-rows // bs)))
+                    toks = [1 + i % vocab for i in range(rows)]
+                    states["t0"] = RequestState(toks, rows, blocks, 0, sp)
+                    sched["t0"] = rows
+                for rid, st in states.items():
+                    executor.add_state(rid, st)
+                t0 = time.perf_counter()
+                executor._forward(states, sched, path=p)
+                best[p] = min(best[p], time.perf_counter() - t0)
+                for rid in states:
+                    executor.drop_state(rid)
+        timings[rows] = best
+    return timings

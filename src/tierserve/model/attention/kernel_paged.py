@@ -1,0 +1,70 @@
+"""The compiled CPU kernel backend (`kernels/csrc/attention.cpp`): K/V read straight from the
+paged cache through the executor's persistent int32 block tables, no gathered copy.
+
+A *segment* (row0, rows, table row, context of the first row) is a run of rows of one request
+with causal contexts: a decode, or a chunk continuing cached tokens. A chunk from position 0
+attends to its own keys through SDPA, unless the step is fused: then its keys are in the cache
+before it attends and it is a segment too (the fused decoder layer needs every row in one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tierserve.model.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    BatchLayout,
+    FreshPrompt,
+    fresh_prefill,
+    write_kv,
+)
+
+
+@dataclass
+class KernelMetadata(AttentionMetadata):
+    tables: torch.Tensor | None = None  # [rows, width] int32
+    segments: torch.Tensor | None = None  # [n, 4] int32
+    fresh: list[FreshPrompt] = field(default_factory=list)
+    fused: bool = False  # the model runs whole fused decoder layers on this step
+
+
+class KernelPagedAttention(AttentionBackend):
+    name = "kernel"
+
+    def __init__(self, kernels) -> None:
+        self.kernels = kernels
+
+    def supports(self, group: int, head_dim: int, block_size: int) -> bool:
+        return self.kernels.attention_supported(group, head_dim, block_size)
+
+    def build(self, layout: BatchLayout, fused: bool = False) -> KernelMetadata:
+        starts, counts, rows = layout.starts, layout.counts, layout.rows
+        cached = (starts >= 0) if fused else (starts > 0)
+        seg = np.stack([rows, counts, layout.table_rows, starts + 1], axis=1)[cached]
+        meta = KernelMetadata(
+            self,
+            layout.slot_mapping,
+            all_cached=bool(cached.all()),
+            tables=layout.tables.tensor,
+            segments=torch.from_numpy(seg.astype(np.int32)),
+            fused=fused,
+        )
+        for i in np.flatnonzero(~cached).tolist():
+            meta.fresh.append(FreshPrompt(int(rows[i]), int(rows[i] + counts[i])))
+        return meta
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: KernelMetadata) -> torch.Tensor:
+        write_kv(k_cache, meta.slot_mapping, k)
+        write_kv(v_cache, meta.slot_mapping, v)
+        out = q.new_empty(q.shape)
+        if meta.segments.shape[0]:
+            d = k_cache.shape[-1]
+            self.kernels.paged_attention_into(
+                q, k_cache, v_cache, meta.tables, meta.segments, d**-0.5, out
+            )
+        for p in meta.fresh:
+            out[p.start : p.end] = fresh_prefill(q, k, v, p)
+        return out

@@ -1,0 +1,103 @@
+"""The step plan: chosen by measurement on this machine, cached per CPU and model, logged, and
+never a path slower than the PyTorch reference where it was measured."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+from tierserve import kernels
+from tierserve.executor import autotune
+from tierserve.executor.torch_executor import TorchExecutor
+from tierserve.model.config import ModelConfig
+from tierserve.model.llama import LlamaModel
+from tierserve.model.plan import NEVER, TORCH_ONLY, StepPlan
+
+
+def test_choose_takes_the_fastest_path_per_size_and_merges_neighbours():
+    timings = {
+        1: {"fused": 1.0, "kernel": 2.0, "blas": 3.0, "torch": 4.0},
+        4: {"fused": 1.5, "kernel": 2.0, "blas": 3.0, "torch": 4.0},
+        16: {"fused": 5.0, "kernel": 2.0, "blas": 3.0, "torch": 4.0},
+        512: {"kernel": 9.0, "blas": 3.0, "torch": 4.0},
+    }
+    plan = autotune.choose(timings)
+    assert plan.table == ((10, "fused"), (264, "kernel"), (NEVER, "blas"))
+    assert [plan.path(r) for r in (1, 10, 11, 264, 265, 10_000)] == [
+        "fused", "fused", "kernel", "kernel", "blas", "blas",
+    ]  # fmt: skip
+    # where the PyTorch path wins, it is the plan (a CPU whose BLAS beats the kernels)
+    slow = {r: {"fused": 9.0, "kernel": 9.0, "blas": 8.0, "torch": 1.0} for r in (1, 512)}
+    assert autotune.choose(slow).table == ((NEVER, "torch"),)
+
+
+def test_fused_is_never_chosen_past_its_limit():
+    timings = {64: {"fused": 1.0, "torch": 2.0}, 128: {"fused": 1.0, "kernel": 3.0, "torch": 2.0}}
+    plan = autotune.choose(timings)
+    assert plan.path(128) == "fused" and plan.path(129) == "torch"
+
+
+def test_plan_rejects_unknown_paths():
+    with pytest.raises(ValueError, match="unknown step path"):
+        StepPlan(((NEVER, "turbo"),))
+    assert "1- rows: torch" in TORCH_ONLY.describe()
+
+
+def tiny_model(use_kernels: bool) -> LlamaModel:
+    cfg = ModelConfig("llama", 256, 64, 128, 2, 4, 2, 16, tie_word_embeddings=True)
+    g = torch.Generator().manual_seed(0)
+    w = {"model.embed_tokens.weight": torch.randn(256, 64, generator=g) * 0.1}
+    w["model.norm.weight"] = torch.ones(64)
+    for i in range(2):
+        p = f"model.layers.{i}."
+        for name, shape in (
+            ("self_attn.q_proj", (64, 64)), ("self_attn.k_proj", (32, 64)),
+            ("self_attn.v_proj", (32, 64)), ("self_attn.o_proj", (64, 64)),
+            ("mlp.gate_proj", (128, 64)), ("mlp.up_proj", (128, 64)),
+            ("mlp.down_proj", (64, 128)),
+        ):  # fmt: skip
+            w[p + name + ".weight"] = torch.randn(*shape, generator=g) * 0.1
+        w[p + "input_layernorm.weight"] = torch.ones(64)
+        w[p + "post_attention_layernorm.weight"] = torch.ones(64)
+    return LlamaModel(cfg, w, kernels=use_kernels)
+
+
+@pytest.mark.skipif(kernels.get() is None, reason="kernels unavailable or turned off")
+def test_measured_plan_is_cached_per_machine_and_model_and_logged(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("TIERSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TIERSERVE_AUTOTUNE", raising=False)
+    caplog.set_level(logging.INFO, logger="tierserve.executor.autotune")
+    ex = TorchExecutor(tiny_model(True), num_blocks=700, block_size=16, measure=True)
+    assert ex.plan.source == "measured"
+    files = list((tmp_path / "autotune").glob("*.json"))
+    assert len(files) == 1
+    saved = json.loads(files[0].read_text())
+    # every measured size has a time for every path it could run, and the plan took the fastest
+    for rows, t in saved["timings"].items():
+        assert set(t) >= {"kernel", "blas", "torch"}
+        assert ex.plan.path(int(rows)) == min(t, key=t.get) or int(rows) > 128
+    assert "step plan (measured" in caplog.text
+    caplog.clear()
+    again = TorchExecutor(tiny_model(True), num_blocks=700, block_size=16, measure=True)
+    assert again.plan.table == ex.plan.table and again.plan.source == str(files[0])
+    assert "step plan (cached" in caplog.text
+    files[0].write_text("{not json")  # a corrupt cache is measured again, with a warning
+    third = TorchExecutor(tiny_model(True), num_blocks=700, block_size=16, measure=True)
+    assert third.plan.source == "measured" and "unreadable step-plan cache" in caplog.text
+
+
+def test_no_kernels_means_the_pytorch_plan_and_no_measurement(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIERSERVE_CACHE_DIR", str(tmp_path))
+    ex = TorchExecutor(tiny_model(False), num_blocks=700, block_size=16, measure=True)
+    assert ex.plan is TORCH_ONLY or ex.plan.table == TORCH_ONLY.table
+    assert not (tmp_path / "autotune").exists()
+
+
+def test_autotune_off_keeps_the_default_plan(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIERSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TIERSERVE_AUTOTUNE", "off")
+    model = tiny_model(kernels.get() is not None)
+    ex = TorchExecutor(model, num_blocks=700, block_size=16, measure=True)
+    assert ex.plan.table == model.default_plan(16).table
+    assert not (tmp_path / "autotune").exists()
