@@ -32,7 +32,7 @@ SCHEMA = {
 def llm():
     from tierserve import LLM
 
-    return LLM(kv_cache_gib=0.25, max_num_batched_tokens=2048)
+    return LLM(kv_cache_gib=0.25, max_num_batched_tokens=2048, activations="float32")
 
 
 def chat(llm, text: str) -> list[int]:
@@ -52,7 +52,8 @@ def test_prompt_logprobs_whole_chunked_and_against_transformers(llm):
     assert len(whole.prompt_logprobs) == len(ids) - 1
     assert not llm.engine.has_unfinished()
     assert llm.engine.scheduler.kv.check_invariants() is None
-    chunked = LLM(kv_cache_gib=0.05, max_num_batched_tokens=16).generate(ids, sp)[0]
+    chunked = LLM(kv_cache_gib=0.05, max_num_batched_tokens=16, activations="float32")
+    chunked = chunked.generate(ids, sp)[0]
     a = [lp for lp, _ in whole.prompt_logprobs]
     b = [lp for lp, _ in chunked.prompt_logprobs]
     assert b == pytest.approx(a, abs=1e-4)
