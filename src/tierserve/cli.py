@@ -209,7 +209,14 @@ def _serve(args: argparse.Namespace) -> int:
         from tierserve.cluster.launch import serve_cluster
 
         return serve_cluster(engine_args, settings, cluster)
-    return serve(engine_args, settings, tenants)
+    from tierserve.model.loader import ModelNotFound
+    from tierserve.model.registry import UnsupportedArchitecture
+
+    try:
+        return serve(engine_args, settings, tenants)
+    except (ModelNotFound, UnsupportedArchitecture) as exc:  # the model cannot be served
+        print(f"tierserve serve: {exc}", file=sys.stderr)
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,8 +18,8 @@ from tierserve.executor.torch_executor import (
     default_dtype,
 )
 from tierserve.model.config import ModelConfig
-from tierserve.model.llama import LlamaModel
 from tierserve.model.loader import load_model
+from tierserve.model.registry import build_model
 from tierserve.model.tokenizer import ChatTokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,7 +39,9 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
     loaded = load_model(args.model)
     device = args.device or default_device()
     dtype = _DTYPES[args.dtype] if args.dtype else default_dtype(device)
-    model = LlamaModel(loaded.config, loaded.weights, device, dtype, quantization=args.quantization)
+    model = build_model(
+        loaded.config, loaded.weights, device, dtype, quantization=args.quantization
+    )
     loaded.weights = {}  # the model took what it needs
     num_blocks = args.num_kv_blocks or blocks_for_gib(model, args.block_size, args.kv_cache_gib)
     num_cpu = (
