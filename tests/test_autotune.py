@@ -11,7 +11,7 @@ from tierserve import kernels
 from tierserve.executor import autotune
 from tierserve.executor.torch_executor import TorchExecutor
 from tierserve.model.config import ModelConfig
-from tierserve.model.llama import LlamaModel
+from tierserve.model.models.llama import LlamaForCausalLM
 from tierserve.model.plan import NEVER, TORCH_ONLY, StepPlan
 
 
@@ -44,7 +44,7 @@ def test_plan_rejects_unknown_paths():
     assert "1- rows: torch" in TORCH_ONLY.describe()
 
 
-def tiny_model(use_kernels: bool) -> LlamaModel:
+def tiny_model(use_kernels: bool) -> LlamaForCausalLM:
     cfg = ModelConfig("llama", 256, 64, 128, 2, 4, 2, 16, tie_word_embeddings=True)
     g = torch.Generator().manual_seed(0)
     w = {"model.embed_tokens.weight": torch.randn(256, 64, generator=g) * 0.1}
@@ -60,7 +60,7 @@ def tiny_model(use_kernels: bool) -> LlamaModel:
             w[p + name + ".weight"] = torch.randn(*shape, generator=g) * 0.1
         w[p + "input_layernorm.weight"] = torch.ones(64)
         w[p + "post_attention_layernorm.weight"] = torch.ones(64)
-    return LlamaModel(cfg, w, kernels=use_kernels)
+    return LlamaForCausalLM(cfg, w, kernels=use_kernels)
 
 
 @pytest.mark.skipif(kernels.get() is None, reason="kernels unavailable or turned off")

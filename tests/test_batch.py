@@ -75,6 +75,13 @@ def test_positions_slots_and_segments_match_per_token_definitions():
     expect = [(states[r].block_ids + [0] * width)[:width] for r in ("r2", "r3")]
     got = b.meta.decode_blocks.view(2, width).tolist()
     assert got[1] == expect[1] and got[0][:3] == expect[0][:3]
-    bias = b.meta.decode_bias[:, 0]  # 0 = attend, -inf = padding past each context
+    bias = b.meta.decode_bias(None, 1)[:, 0]  # 0 = attend, -inf = padding past each context
     assert (bias[0, :9] == 0).all() and torch.isinf(bias[0, 9:]).all()
     assert (bias[1, :17] == 0).all() and torch.isinf(bias[1, 17:]).all()
+    # a sliding window of 4: each decode sees its last 4 positions (itself included)
+    win = b.meta.decode_bias(4, 2)[:, 0]  # one row per (kv head, decode)
+    assert win.shape[0] == 4 and torch.equal(win[:2], win[2:])
+    assert (
+        torch.isinf(win[0, :5]).all() and (win[0, 5:9] == 0).all() and torch.isinf(win[0, 9:]).all()
+    )
+    assert torch.isinf(win[1, :13]).all() and (win[1, 13:17] == 0).all()

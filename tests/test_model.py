@@ -10,9 +10,10 @@ import torch
 from tierserve.chat.prompt import ChatPrompter
 from tierserve.executor.batch import build_batch
 from tierserve.executor.torch_executor import RequestState, TorchExecutor
-from tierserve.model.llama import LlamaModel
 from tierserve.model.loader import load_model
+from tierserve.model.models.llama import LlamaForCausalLM
 from tierserve.model.plan import uses_blas
+from tierserve.model.registry import build_model
 from tierserve.model.sampler import Sampler, SampleRow, filter_logits
 from tierserve.priority import Priority
 from tierserve.sampling_params import SamplingParams
@@ -30,7 +31,7 @@ def chat_ids(tokenizer, text: str) -> list[int]:
 @pytest.fixture(scope="module")
 def loaded():
     m = load_model()
-    m.weights = m.state_dict()  # a plain dict: each test hands LlamaModel its own copy
+    m.weights = m.state_dict()  # a plain dict: each test hands the model its own copy
     return m
 
 
@@ -88,7 +89,7 @@ def test_logits_match_transformers_whole_chunked_and_from_cached_prefix(loaded):
     ids = chat_ids(loaded.tokenizer, "Name three prime numbers.")
     with torch.no_grad():
         ref = hf_llama(cfg, loaded.weights)(torch.tensor([ids])).logits[0]
-    model = LlamaModel(cfg, dict(loaded.weights))
+    model = LlamaForCausalLM(cfg, dict(loaded.weights))
     ex = TorchExecutor(model, num_blocks=32, block_size=16, measure=False)
     n = len(ids)
     whole = run_rows(model, ex, RequestState(list(ids), n, list(range(4)), 0, GREEDY), n)
@@ -135,7 +136,7 @@ def test_kernel_path_matches_pytorch_path_on_mixed_steps(loaded):
     steps = [{"a": len(a) - 4, "b": 9}, {"a": 1, "b": len(b) - 9}] + [{"a": 1, "b": 1}] * 3
     results = {}
     for path in ("torch", "kernel", "blas", "fused"):
-        model = LlamaModel(cfg, dict(loaded.weights), kernels=path != "torch")
+        model = LlamaForCausalLM(cfg, dict(loaded.weights), kernels=path != "torch")
         ex = TorchExecutor(model, num_blocks=16, block_size=16, measure=False)
         ex.add_state("a", RequestState(list(a), len(a), list(range(0, 8)), 0, GREEDY))
         ex.add_state("b", RequestState(list(b), len(b), list(range(8, 16)), 0, GREEDY))
@@ -311,9 +312,10 @@ def test_hf_folder_loader_matches_transformers_for_llama_and_qwen2(tmp_path, loa
             json.dumps({"chat_template": loaded.tokenizer.chat_template, "eos_token": "<|im_end|>"})
         )
         ours = load(folder)
-        assert ours.config.architecture == hf_cfg.model_type
+        assert ours.config.architecture == cls.__name__
         assert ours.config.attention_bias == (hf_cfg.model_type == "qwen2")
-        model = LlamaModel(ours.config, ours.weights)
+        model = build_model(ours.config, ours.weights)
+        assert type(model).__name__ == cls.__name__
         ex = TorchExecutor(model, num_blocks=8, block_size=16, measure=False)
         n = ids.shape[1]
         st = RequestState(ids[0].tolist(), n, list(range(6)), 0, GREEDY)

@@ -140,7 +140,7 @@ def raw():
 def test_every_step_path_of_the_quantized_model_matches_float32_on_the_same_weights(raw):
     from tests.test_model import chat_ids, rel_err, run_path
     from tierserve.executor.torch_executor import RequestState, TorchExecutor
-    from tierserve.model.llama import LlamaModel
+    from tierserve.model.models.llama import LlamaForCausalLM
     from tierserve.sampling_params import SamplingParams
 
     cfg, tok, weights = raw
@@ -150,7 +150,7 @@ def test_every_step_path_of_the_quantized_model_matches_float32_on_the_same_weig
     steps = [{"a": len(a) - 4, "b": 9}, {"a": 1, "b": len(b) - 9}] + [{"a": 1, "b": 1}] * 3
     results = {}
     for path, q in (("torch", "none"), ("kernel", "auto"), ("blas", "auto"), ("fused", "auto")):
-        model = LlamaModel(cfg, dict(weights), kernels=path != "torch", quantization=q)
+        model = LlamaForCausalLM(cfg, dict(weights), kernels=path != "torch", quantization=q)
         if q == "auto":
             assert model.lm_head.fmt == "q8_0" and model.layers[0].qkv.fmt == "q4_1"
             assert model.weight_bytes() < 110 * 2**20  # vs ~540 MiB in float32

@@ -214,9 +214,14 @@ def _serve(args: argparse.Namespace) -> int:
         from tierserve.cluster.launch import serve_cluster
 
         return serve_cluster(engine_args, settings, cluster)
+    from tierserve.model.registry import UnsupportedArchitecture
     from tierserve.server import serve  # torch: only once the settings are known to be good
 
-    return serve(engine_args, settings, tenants)
+    try:
+        return serve(engine_args, settings, tenants)
+    except UnsupportedArchitecture as exc:  # the model cannot be served
+        print(f"tierserve serve: {exc}", file=sys.stderr)
+        return 2
 
 
 def _run_batch(args: argparse.Namespace) -> int:

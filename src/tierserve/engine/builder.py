@@ -19,8 +19,8 @@ from tierserve.executor.torch_executor import (
     default_dtype,
 )
 from tierserve.model.config import ModelConfig
-from tierserve.model.llama import LlamaModel
 from tierserve.model.loader import load_model
+from tierserve.model.registry import build_model
 from tierserve.model.tokenizer import ChatTokenizer
 
 log = logging.getLogger("tierserve.engine")
@@ -72,7 +72,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
     loaded = load_model(args.model)
     device = args.device or default_device()
     dtype = _DTYPES[args.dtype] if args.dtype else default_dtype(device)
-    model = LlamaModel(
+    model = build_model(
         loaded.config,
         loaded.weights,
         device,

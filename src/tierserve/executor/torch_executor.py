@@ -22,7 +22,7 @@ from tierserve.executor.batch import build_batch
 from tierserve.executor.block_table import BlockTables
 from tierserve.executor.sampling_state import SamplingState
 from tierserve.executor.scoring import prompt_logprobs
-from tierserve.model.llama import LlamaModel
+from tierserve.model.base import CausalLM
 from tierserve.model.plan import uses_blas
 from tierserve.model.sampler import Sampler
 from tierserve.model.tokenizer import ChatTokenizer
@@ -55,13 +55,13 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     return torch.frombuffer(buf, dtype=dtype).view(shape)
 
 
-def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
-    c = model.config
+def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
     elem = torch.empty((), dtype=model.dtype).element_size()
-    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * elem
+    per_layer = math.prod(model.kv_cache_shape(1, block_size))  # one block of K (or V)
+    return 2 * model.config.num_layers * per_layer * elem
 
 
-def blocks_for_gib(model: LlamaModel, block_size: int, gib: float) -> int:
+def blocks_for_gib(model: CausalLM, block_size: int, gib: float) -> int:
     return max(1, int(gib * (1 << 30)) // kv_bytes_per_block(model, block_size))
 
 
@@ -80,7 +80,7 @@ class RequestState:
 class TorchExecutor:
     def __init__(
         self,
-        model: LlamaModel,
+        model: CausalLM,
         num_blocks: int,
         block_size: int,
         num_cpu_blocks: int = 0,
@@ -274,7 +274,7 @@ class TorchExecutor:
         self.sampling.flush(slots, toks)
 
 
-def _grammar_engine(tokenizer: ChatTokenizer, model: LlamaModel):
+def _grammar_engine(tokenizer: ChatTokenizer, model: CausalLM):
     """A factory: the grammar engine is built on the first request with a grammar."""
 
     def make():

@@ -1,10 +1,16 @@
-"""Model shape, as read from a GGUF file or a Hugging Face config.json. Numbers only."""
+"""Model shape, as read from a GGUF file or a Hugging Face config.json. Plain data only.
+
+`architecture` is a registered architecture name (`model/registry.py`; a ``model_type`` such
+as ``"llama"`` is accepted and normalised). `extra` holds the settings only one architecture
+reads (sliding windows, soft-caps, ...), as its file's ``settings`` read them from config.json.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+from tierserve.model.registry import canonical
+
 # --quantization: auto (the file's own precision), none (float32), or requantize (model/weights.py)
 QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
 
@@ -23,19 +29,16 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # the checkpoint has attention biases (loaded as found)
     # Hugging Face style rope scaling dict, e.g. {"rope_type": "llama3", "factor": 8.0, ...}.
     rope_scaling: dict | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     name: str = "model"
+    extra: dict = field(default_factory=dict)  # the architecture's own settings (JSON types)
 
     def __post_init__(self) -> None:
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported architecture {self.architecture!r}; supported: "
-                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+        object.__setattr__(self, "architecture", canonical(self.architecture))
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"

@@ -1,8 +1,11 @@
 """Read a Hugging Face model folder offline: config.json, *.safetensors, tokenizer.json and the
-chat template (tokenizer_config.json or chat_template.jinja). Llama, Mistral and Qwen2 layouts."""
+chat template (tokenizer_config.json or chat_template.jinja). The architecture is the first of
+config.json's ``architectures`` that is registered (`model/registry.py`); its file reads its own
+settings (``settings``). Any other architecture fails here, naming it and the supported list."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
+from tierserve.model import registry
 from tierserve.model.config import ModelConfig
 from tierserve.model.tokenizer import ChatTokenizer
 
@@ -22,7 +26,8 @@ def _token_text(value) -> str | None:
 
 def read_hf_config(folder: Path) -> ModelConfig:
     cfg = json.loads((folder / "config.json").read_text())
-    arch = cfg.get("model_type")
+    arch = registry.pick(cfg.get("architectures") or [], cfg.get("model_type"), str(folder))
+    cls = registry.model_class(arch)
     heads = cfg["num_attention_heads"]
     eos = cfg.get("eos_token_id")
     gen = folder / "generation_config.json"
@@ -48,11 +53,12 @@ def read_hf_config(folder: Path) -> ModelConfig:
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+        attention_bias=bool(cfg.get("attention_bias", False)),
         rope_scaling=scaling,
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,
         name=folder.name,
+        extra=cls.settings(cfg),
     )
 
 
@@ -66,6 +72,9 @@ def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], 
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         weights.update(load_file(str(f)))
+    # What the checkpoint holds (Qwen2's configs do not say it has q/k/v biases).
+    has_bias = any(".self_attn." in k and k.endswith(".bias") for k in weights)
+    config = dataclasses.replace(config, attention_bias=has_bias)
     tk_cfg_path = folder / "tokenizer_config.json"
     tk_cfg = json.loads(tk_cfg_path.read_text()) if tk_cfg_path.exists() else {}
     template = tk_cfg.get("chat_template")

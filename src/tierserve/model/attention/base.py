@@ -1,4 +1,5 @@
-"""The attention backend interface and the backend-neutral description of a step's batch."""
+"""The attention backend interface, what a layer asks of attention (`AttentionSpec`), and the
+backend-neutral description of a step's batch."""
 
 from __future__ import annotations
 
@@ -6,6 +7,32 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """What one layer asks of attention beyond plain causal GQA (each architecture sets its own,
+    per layer): the score scale (None: 1/sqrt(head_dim)), a sliding window (a query at position
+    p sees keys p - window < k <= p, as transformers masks it) and tanh soft-capping of the
+    scores (``cap * tanh(s / cap)``, before the mask)."""
+
+    scale: float | None = None
+    window: int | None = None
+    softcap: float | None = None
+
+    def scale_for(self, head_dim: int) -> float:
+        return head_dim**-0.5 if self.scale is None else self.scale
+
+    def plain(self, head_dim: int) -> bool:
+        """Plain causal attention scaled by 1/sqrt(head_dim) (what the fused layer runs)."""
+        return (
+            self.window is None
+            and self.softcap is None
+            and self.scale_for(head_dim) == (head_dim**-0.5)
+        )
+
+
+PLAIN = AttentionSpec()
 
 
 @dataclass
@@ -41,6 +68,10 @@ class AttentionMetadata:
 class AttentionBackend:
     name = "base"
 
+    def supports(self, spec: AttentionSpec, group: int, head_dim: int, block_size: int) -> bool:
+        """Whether this backend runs attention `spec` for heads of this shape."""
+        return True
+
     def build(self, layout: BatchLayout, fused: bool = False) -> AttentionMetadata:
         """Metadata for one step. `fused`: the model runs whole fused layers (kernel only)."""
         raise NotImplementedError
@@ -53,6 +84,7 @@ class AttentionBackend:
         k_cache: torch.Tensor,  # [H_kv, blocks, block_size, D]
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
+        spec: AttentionSpec = PLAIN,
     ) -> torch.Tensor:
         """Writes k/v to the cache at `meta.slot_mapping`; returns the attention output."""
         raise NotImplementedError
@@ -66,15 +98,44 @@ class FreshPrompt:
     end: int
 
 
-def fresh_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: FreshPrompt):
-    """SDPA over the chunk's own keys, [n, H, D]."""
+def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """[n, L] bool, True = attend: keys at or before each query, and within its window."""
+    mask = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        mask &= k_pos[None, :] > q_pos[:, None] - window
+    return mask
+
+
+def attend(qp, kp, vp, spec: AttentionSpec, mask: torch.Tensor | None) -> torch.Tensor:
+    """[1, H, n, D] queries over [1, H_kv, L, D] keys and values; `mask` [n, L] (True = attend)
+    or None for plain causal attention over the queries' own keys. SDPA where it applies;
+    soft-capped scores are computed in full (SDPA has no cap)."""
+    scale = spec.scale_for(qp.shape[-1])
+    if spec.softcap is None:
+        return torch.nn.functional.scaled_dot_product_attention(
+            qp, kp, vp, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+        )
+    group = qp.shape[1] // kp.shape[1]
+    kp, vp = kp.repeat_interleave(group, 1), vp.repeat_interleave(group, 1)
+    s = torch.matmul(qp, kp.transpose(-1, -2)).mul_(scale)
+    s = s.div_(spec.softcap).tanh_().mul_(spec.softcap)
+    if mask is None:
+        n = qp.shape[2]
+        mask = torch.ones(n, n, dtype=torch.bool, device=qp.device).tril_()
+    s = s.masked_fill_(~mask, float("-inf"))
+    return torch.matmul(s.softmax(-1), vp)
+
+
+def fresh_prefill(q, k, v, p: FreshPrompt, spec: AttentionSpec = PLAIN) -> torch.Tensor:
+    """Attention of a chunk from position 0 over its own keys, [n, H, D]."""
     qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
     kp = k[p.start : p.end].transpose(0, 1).unsqueeze(0)
     vp = v[p.start : p.end].transpose(0, 1).unsqueeze(0)
-    op = torch.nn.functional.scaled_dot_product_attention(
-        qp, kp, vp, is_causal=True, enable_gqa=True
-    )
-    return op[0].transpose(0, 1)
+    mask = None
+    if spec.window is not None and spec.window < p.end - p.start:
+        pos = torch.arange(p.end - p.start, device=q.device)
+        mask = causal_mask(pos, pos, spec.window)
+    return attend(qp, kp, vp, spec, mask)[0].transpose(0, 1)
 
 
 def write_kv(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:

@@ -4,7 +4,10 @@ paged cache through the executor's persistent int32 block tables, no gathered co
 A *segment* (row0, rows, table row, context of the first row) is a run of rows of one request
 with causal contexts: a decode, or a chunk continuing cached tokens. A chunk from position 0
 attends to its own keys through SDPA, unless the step is fused: then its keys are in the cache
-before it attends and it is a segment too (the fused decoder layer needs every row in one)."""
+before it attends and it is a segment too (the fused decoder layer needs every row in one).
+
+It runs causal attention with any score scale; sliding windows and soft-capping are the
+PyTorch backend's (a model with them runs the ``mixed`` path, `model/plan.py`)."""
 
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ import numpy as np
 import torch
 
 from tierserve.model.attention.base import (
+    PLAIN,
     AttentionBackend,
     AttentionMetadata,
+    AttentionSpec,
     BatchLayout,
     FreshPrompt,
     fresh_prefill,
@@ -37,7 +42,9 @@ class KernelPagedAttention(AttentionBackend):
     def __init__(self, kernels) -> None:
         self.kernels = kernels
 
-    def supports(self, group: int, head_dim: int, block_size: int) -> bool:
+    def supports(self, spec: AttentionSpec, group: int, head_dim: int, block_size: int) -> bool:
+        if spec.window is not None or spec.softcap is not None:
+            return False
         return self.kernels.attention_supported(group, head_dim, block_size)
 
     def build(self, layout: BatchLayout, fused: bool = False) -> KernelMetadata:
@@ -56,15 +63,17 @@ class KernelPagedAttention(AttentionBackend):
             meta.fresh.append(FreshPrompt(int(rows[i]), int(rows[i] + counts[i])))
         return meta
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: KernelMetadata) -> torch.Tensor:
+    def forward(
+        self, q, k, v, k_cache, v_cache, meta: KernelMetadata, spec: AttentionSpec = PLAIN
+    ) -> torch.Tensor:
         write_kv(k_cache, meta.slot_mapping, k)
         write_kv(v_cache, meta.slot_mapping, v)
         out = q.new_empty(q.shape)
         if meta.segments.shape[0]:
-            d = k_cache.shape[-1]
+            scale = spec.scale_for(k_cache.shape[-1])
             self.kernels.paged_attention_into(
-                q, k_cache, v_cache, meta.tables, meta.segments, d**-0.5, out
+                q, k_cache, v_cache, meta.tables, meta.segments, scale, out
             )
         for p in meta.fresh:
-            out[p.start : p.end] = fresh_prefill(q, k, v, p)
+            out[p.start : p.end] = fresh_prefill(q, k, v, p, spec)
         return out

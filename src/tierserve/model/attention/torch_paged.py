@@ -17,6 +17,10 @@ Each step first writes the new tokens' K/V into their slots, then attends:
 * multi-token queries (prefill chunks) one by one with SDPA: a chunk starting at position 0
   uses its own K/V and a causal mask; a chunk continuing a cached prefix gathers its context and
   uses the shifted causal mask ``key_pos <= computed + query_index``.
+
+Every feature a layer's `AttentionSpec` asks for is here (this is the reference): any score
+scale, sliding windows (a masked-out key is simply outside the window) and soft-capped scores.
+The masks and biases of a window are built on first use in a step and shared by its layers.
 """
 
 from __future__ import annotations
@@ -25,13 +29,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from tierserve.model.attention.base import (
+    PLAIN,
     AttentionBackend,
     AttentionMetadata,
+    AttentionSpec,
     BatchLayout,
     FreshPrompt,
+    attend,
+    causal_mask,
     fresh_prefill,
     write_kv,
 )
@@ -42,23 +49,50 @@ class ContinuedChunk:
     start: int  # rows [start, end) of the flat batch
     end: int
     slots: torch.Tensor  # context slots [L]
-    mask: torch.Tensor  # [n, L] bool, True = attend
+    first: int  # position of the chunk's first query
+    masks: dict = field(default_factory=dict)  # window -> [n, L] bool, True = attend
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        if window not in self.masks:
+            dev = self.slots.device
+            q = torch.arange(self.first, self.first + self.end - self.start, device=dev)
+            self.masks[window] = causal_mask(
+                q, torch.arange(self.slots.numel(), device=dev), window
+            )
+        return self.masks[window]
 
 
 @dataclass
 class TorchMetadata(AttentionMetadata):
     decode_rows: torch.Tensor | None = None  # [B] rows of single-token queries
     decode_blocks: torch.Tensor | None = None  # [B * blocks_max] block ids (padded with 0)
-    decode_bias: torch.Tensor | None = None  # [B, 1, L_max] 0 = attend, -inf = padding
+    decode_lens: torch.Tensor | None = None  # [B] context length of each decode
+    decode_width: int = 0  # L_max, the padded context length
+    dtype: torch.dtype = torch.float32  # of the decode biases (the model's)
     fresh: list[FreshPrompt] = field(default_factory=list)
     chunks: list[ContinuedChunk] = field(default_factory=list)
-    _decode_bias_heads: torch.Tensor | None = None  # built on first use, shared by the layers
+    _bias: dict = field(default_factory=dict)  # (window, kv heads) -> [H_kv * B, 1, L_max]
 
     def to(self, device):
         super().to(device)
         for c in self.chunks:
-            c.slots, c.mask = c.slots.to(device), c.mask.to(device)
+            c.slots = c.slots.to(device)
         return self
+
+    def decode_bias(self, window: int | None, kv_heads: int) -> torch.Tensor:
+        """0 where a decode attends, -inf at padding and outside its window; one row per
+        (kv head, decode), as the batched matmuls lay them out."""
+        key = (window, kv_heads)
+        if key not in self._bias:
+            lens = self.decode_lens
+            pos = torch.arange(self.decode_width, device=lens.device)[None, :]
+            out = pos >= lens[:, None]
+            if window is not None:
+                out |= pos <= lens[:, None] - 1 - window
+            bias = torch.zeros(out.shape, dtype=self.dtype, device=lens.device)
+            bias = bias.masked_fill_(out, float("-inf"))[:, None, :]  # [B, 1, L]
+            self._bias[key] = bias.repeat(kv_heads, 1, 1)
+        return self._bias[key]
 
 
 def _gather(cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -79,7 +113,9 @@ class TorchPagedAttention(AttentionBackend):
         table = layout.tables.array
         t_rows = np.asarray(layout.table_rows)
         decode = counts == 1
-        meta = TorchMetadata(self, layout.slot_mapping, all_cached=bool((starts > 0).all()))
+        meta = TorchMetadata(
+            self, layout.slot_mapping, all_cached=bool((starts > 0).all()), dtype=layout.dtype
+        )
         for i in np.flatnonzero(~decode).tolist():
             start, end, row = int(starts[i]), int(starts[i] + counts[i]), int(rows[i])
             if start == 0:
@@ -87,9 +123,8 @@ class TorchPagedAttention(AttentionBackend):
                 continue
             p = np.arange(end)
             ctx = table[t_rows[i], p // bs].astype(np.int64) * bs + p % bs
-            mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
             meta.chunks.append(
-                ContinuedChunk(row, row + int(counts[i]), torch.from_numpy(ctx), mask)
+                ContinuedChunk(row, row + int(counts[i]), torch.from_numpy(ctx), start)
             )
         if decode.any():
             lens = torch.from_numpy(starts[decode] + 1)
@@ -97,42 +132,45 @@ class TorchPagedAttention(AttentionBackend):
             tab = layout.tables.tensor[torch.from_numpy(t_rows[decode]), :width]
             meta.decode_rows = torch.from_numpy(rows[decode])
             meta.decode_blocks = tab.reshape(-1).long()
-            pad = torch.arange(width * bs)[None, :] >= lens[:, None]
-            bias = torch.zeros(pad.shape, dtype=layout.dtype).masked_fill_(pad, float("-inf"))
-            meta.decode_bias = bias[:, None, :]  # [B, 1, L]
+            meta.decode_lens, meta.decode_width = lens, width * bs
         return meta
 
-    def _decode(self, q, k_cache, v_cache, meta: TorchMetadata) -> torch.Tensor:
+    def _decode(self, q, k_cache, v_cache, meta: TorchMetadata, spec) -> torch.Tensor:
         """Single-token queries q [B, H, D] against their paged contexts; returns [B, H, D]."""
         hkv, d = k_cache.shape[0], k_cache.shape[-1]
         b = q.shape[0]
         group = q.shape[1] // hkv
-        if meta._decode_bias_heads is None:
-            meta._decode_bias_heads = meta.decode_bias.repeat(hkv, 1, 1)  # [H_kv * B, 1, L]
+        bias = meta.decode_bias(spec.window, hkv)  # [H_kv * B, 1, L]
         kd = _gather(k_cache, meta.decode_blocks).view(hkv * b, -1, d)
         vd = _gather(v_cache, meta.decode_blocks).view(hkv * b, -1, d)
         qd = q.reshape(b, hkv, group, d).transpose(0, 1).reshape(hkv * b, group, d)
-        scores = torch.baddbmm(meta._decode_bias_heads, qd, kd.transpose(1, 2), alpha=d**-0.5)
+        scale = spec.scale_for(d)
+        if spec.softcap is None:
+            scores = torch.baddbmm(bias, qd, kd.transpose(1, 2), alpha=scale)
+        else:
+            scores = torch.bmm(qd, kd.transpose(1, 2)).mul_(scale / spec.softcap).tanh_()
+            scores = scores.mul_(spec.softcap).add_(bias)
         od = torch.bmm(scores.softmax(-1), vd)  # [H_kv * B, G, D]
         return od.view(hkv, b, group, d).transpose(0, 1).reshape(b, hkv * group, d)
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: TorchMetadata) -> torch.Tensor:
+    def forward(
+        self, q, k, v, k_cache, v_cache, meta: TorchMetadata, spec: AttentionSpec = PLAIN
+    ) -> torch.Tensor:
         hkv, nb, bs, d = k_cache.shape
         write_kv(k_cache, meta.slot_mapping, k)
         write_kv(v_cache, meta.slot_mapping, v)
         if meta.decode_rows is not None and meta.decode_rows.numel() == q.shape[0]:
-            return self._decode(q, k_cache, v_cache, meta)
+            return self._decode(q, k_cache, v_cache, meta, spec)
         out = q.new_empty(q.shape)
         if meta.decode_rows is not None:
             qd = q.index_select(0, meta.decode_rows)
-            out.index_copy_(0, meta.decode_rows, self._decode(qd, k_cache, v_cache, meta))
+            out.index_copy_(0, meta.decode_rows, self._decode(qd, k_cache, v_cache, meta, spec))
         flat_k, flat_v = k_cache.view(hkv, nb * bs, d), v_cache.view(hkv, nb * bs, d)
         for p in meta.fresh:
-            out[p.start : p.end] = fresh_prefill(q, k, v, p)
+            out[p.start : p.end] = fresh_prefill(q, k, v, p, spec)
         for c in meta.chunks:
             qp = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
             kp = _gather(flat_k, c.slots).unsqueeze(0)
             vp = _gather(flat_v, c.slots).unsqueeze(0)
-            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=c.mask, enable_gqa=True)
-            out[c.start : c.end] = op[0].transpose(0, 1)
+            out[c.start : c.end] = attend(qp, kp, vp, spec, c.mask(spec.window))[0].transpose(0, 1)
         return out

@@ -1,0 +1,109 @@
+"""`CausalLM`: everything the executor (`executor/torch_executor.py`) and the step-path
+autotune (`executor/autotune.py`) know of a model. Neither names an architecture: the engine
+builder asks the registry (`model/registry.py`) for the model of a checkpoint, and every
+architecture is a `CausalLM`, most of them through the shared decoder (`model/decoder.py`).
+
+The contract:
+
+* ``forward(input_ids, positions, meta, kv_caches, logits_rows, hidden_rows, blas)``: one step
+  over a flat mixed batch; float32 logits of `logits_rows` (and, with `hidden_rows`, those rows'
+  final hidden states for ``head``);
+* ``head(hidden, blas)``: float32 logits of final hidden states (prompt log-probs);
+* ``paths(block_size)`` / ``default_plan(block_size)``: the step paths this model can run here
+  (`model/plan.py`), and the plan before measurement; ``backend(path)``: the attention backend
+  that builds a step's metadata for that path;
+* ``kv_cache_shape(num_blocks, block_size)``: one layer's K (or V) cache;
+* ``weight_bytes()``, ``weights_summary``, ``config``, ``kernels``, ``dtype``, ``device``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from tierserve import kernels as _kernels
+from tierserve.model.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    KernelPagedAttention,
+    TorchPagedAttention,
+)
+from tierserve.model.config import ModelConfig
+from tierserve.model.plan import NEVER, PATHS, TORCH_ONLY, StepPlan, uses_kernel_attention
+
+
+class CausalLM(ABC):
+    weights_summary: str = ""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        kernels: bool | None = None,  # None: use them where they apply and load
+    ) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.kernels = None
+        if kernels is not False and self.device.type == "cpu" and dtype == torch.float32:
+            self.kernels = _kernels.get()
+        if kernels and self.kernels is None:
+            raise RuntimeError("kernels=True, but the compiled kernels do not apply or load")
+        self.torch_attention = TorchPagedAttention()
+        self.kernel_attention = KernelPagedAttention(self.kernels) if self.kernels else None
+
+    @abstractmethod
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_rows: torch.Tensor,
+        hidden_rows: torch.Tensor | None = None,
+        blas: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+
+    @abstractmethod
+    def head(self, hidden: torch.Tensor, blas: bool = False) -> torch.Tensor: ...
+
+    @abstractmethod
+    def weight_bytes(self) -> int:
+        """Bytes of every linear weight as stored (what a decode step reads)."""
+
+    # -- step paths: what the model's layers allow (an architecture overrides the two hooks) --
+    def attention_supported_by_kernel(self, block_size: int) -> bool:
+        """Every layer's attention runs in the compiled kernel."""
+        return False
+
+    def has_fused_layer(self) -> bool:
+        """Every decoder layer is exactly what the fused C++ layer computes."""
+        return False
+
+    def paths(self, block_size: int) -> tuple[str, ...]:
+        """The step paths this model can run here (`model/plan.py`)."""
+        if self.kernels is None:
+            return ("torch",)
+        if not self.attention_supported_by_kernel(block_size):
+            return ("mixed", "torch")  # kernel GEMMs, PyTorch attention
+        if not self.has_fused_layer():
+            return tuple(p for p in PATHS if p != "fused")
+        return PATHS
+
+    def default_plan(self, block_size: int) -> StepPlan:
+        """The plan before (or without) measurement: the kernels wherever they apply."""
+        paths = self.paths(block_size)
+        if paths == ("torch",):
+            return TORCH_ONLY
+        if "fused" not in paths:
+            return StepPlan(((NEVER, paths[0]),))
+        return StepPlan()
+
+    def backend(self, path: str) -> AttentionBackend:
+        return self.kernel_attention if uses_kernel_attention(path) else self.torch_attention
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        c = self.config
+        return (c.num_kv_heads, num_blocks, block_size, c.head_dim)

@@ -1,0 +1,1 @@
+"""One file per architecture, each registered by name in `tierserve/model/registry.py`."""
