@@ -198,7 +198,12 @@ def test_the_start_up_line_and_the_engine_threads(tmp_path):
             proc.kill()
     text = log.read_text()
     (line,) = [x for x in text.splitlines() if "serving SmolLM2-135M-Instruct" in x]
-    for part in ("architecture llama", "dtype float32", "context 8192 tokens", "blocks of 16"):
+    for part in (
+        "architecture LlamaForCausalLM",
+        "dtype float32",
+        "context 8192 tokens",
+        "blocks of 16",
+    ):
         assert part in line, line
     assert "1 CPU thread(s) of" in line and "--cpu-threads" in line
     assert "engine thread: 1 CPU thread(s)" in text
