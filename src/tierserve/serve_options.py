@@ -75,6 +75,7 @@ def _switch(flag: str, dest: str, text: str, negate: bool = True) -> Option:
     return Option(flag, dest, bool, None, text, switch=True, to_field=_not if negate else bool)
 
 
+# One entry in a few lines (flag, dest, type, nargs, help[, to_field]), kept as written:
 # fmt: off
 E, P, S = "engine.", "engine.policy.", "server."
 PART, ADM, C = "engine.partitions.", "engine.admission.", "cluster."
