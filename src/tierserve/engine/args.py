@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tierserve.config import (
     AdmissionConfig,
@@ -75,3 +76,26 @@ class EngineArgs:
             )
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+
+# The defaults that depend on the device, for an EngineArgs field left None: (cpu, cuda).
+# `resolve_defaults` is the one place they are applied (engine/builder.py, once the device is
+# known); the flags' help and docs/api.md quote them.
+DEVICE_DEFAULTS: dict[str, tuple[Any, Any]] = {
+    "dtype": ("float32", "bfloat16"),
+    # On the CPU a step of 2048 prompt tokens lasts ~1 s, and a P0 arriving during it waits for
+    # all of it (docs/performance.md, flood).
+    "max_num_batched_tokens": (512, 2048),
+    # On the CPU the device pool and host memory are the same RAM: swap would only be more KV.
+    "swap_space_gib": (0.0, 4.0),
+    # SchedulerConfig.p0_express: on a GPU a decode step hides under compute-bound prefill.
+    "p0_express": ("exclusive", "decode"),
+}
+
+
+def resolve_defaults(args: EngineArgs, device: str) -> EngineArgs:
+    """`args` with every device-dependent setting left None filled in for `device`."""
+    cuda = str(device).startswith("cuda")
+    return replace(
+        args, **{k: pair[cuda] for k, pair in DEVICE_DEFAULTS.items() if getattr(args, k) is None}
+    )

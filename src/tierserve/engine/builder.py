@@ -10,13 +10,12 @@ import torch
 
 from tierserve.clock import Clock, WallClock
 from tierserve.config import CacheConfig, SchedulerConfig
-from tierserve.engine.args import EngineArgs
+from tierserve.engine.args import EngineArgs, resolve_defaults
 from tierserve.engine.core import EngineCore
 from tierserve.executor.torch_executor import (
     TorchExecutor,
     blocks_for_gib,
     default_device,
-    default_dtype,
 )
 from tierserve.model.config import ModelConfig
 from tierserve.model.loader import load_model
@@ -71,7 +70,8 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
     bind_threads(args.cpu_threads)
     loaded = load_model(args.model)
     device = args.device or default_device()
-    dtype = _DTYPES[args.dtype] if args.dtype else default_dtype(device)
+    resolved = resolve_defaults(args, device)  # the device-dependent defaults, in one place
+    dtype = _DTYPES[resolved.dtype]
     model = build_model(
         loaded.config,
         loaded.weights,
@@ -83,7 +83,9 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
     loaded.weights = {}  # the model took what it needs
     num_blocks = args.num_kv_blocks or blocks_for_gib(model, args.block_size, args.kv_cache_gib)
     num_cpu = (
-        blocks_for_gib(model, args.block_size, args.swap_space_gib) if args.swap_space_gib else 0
+        blocks_for_gib(model, args.block_size, resolved.swap_space_gib)
+        if resolved.swap_space_gib
+        else 0
     )
     executor = TorchExecutor(
         model,
@@ -108,13 +110,11 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         ),
         SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens
-            or (2048 if model.device.type == "cuda" else 512),
+            max_num_batched_tokens=resolved.max_num_batched_tokens,
             max_model_len=max_len,
             preemption_mode=args.preemption_mode,
             swap_cost_ratio=args.swap_cost_ratio,
-            p0_express=args.p0_express
-            or ("decode" if model.device.type == "cuda" else "exclusive"),
+            p0_express=resolved.p0_express,
             step_time_fraction=args.step_time_fraction,
         ),
         args.policy,
