@@ -35,6 +35,9 @@ def test_the_record_is_the_live_state_read_once_and_frozen():
     # c's prompt, then a's and b's sampled token still to compute and their outputs to come
     assert s.outstanding_tokens == 9 + (1 + 4) + (1 + 2)
     assert s.queue is not None and s.queue.waiting_tokens == (0, 0, 9, 0)
+    # the predicted engine rate's inputs: a and b hold prompt + 1 sampled token, may emit 4 + 2
+    assert (s.decode_context, s.remaining_output) == ((10 + 1) + (6 + 1), 4 + 2)
+    assert (s.queue.requests, s.queue.output_tokens) == ((0, 0, 1, 0), 4)
     assert s.time == clock.now() and s.block_size == 4
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.swapped = 3

@@ -55,6 +55,8 @@ class QueueStats:
     tenants: tuple[tuple[tuple[str, int, int], ...], ...]
     tenant_counters: tuple[tuple[tuple[str, float], ...], ...]  # per class, by tenant name
     class_tags: tuple[float, ...] | None
+    requests: tuple[int, ...] = (0,) * NUM_PRIORITIES  # waiting requests, by class now
+    output_tokens: int = 0  # the waiting requests' max_tokens, summed
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ class SchedulerStats:
     prefill_now: tuple[int, ...]
     # Tokens still to compute: waiting prompts, and running and swapped requests' rest.
     outstanding_tokens: int
+    decode_context: int  # running requests' tokens (prompt + output so far), summed
+    remaining_output: int  # running requests' output tokens still allowed, summed
     # Hashes of running requests' first PREFIX_BLOCKS computed blocks (all in the prefix
     # cache), with how many running requests hold each, most held first.
     prefix_counts: tuple[tuple[bytes, int], ...]
@@ -101,6 +105,7 @@ def scheduler_stats(s: Scheduler, with_queue: bool = False) -> SchedulerStats:
     running_now, prefill_now = [0] * NUM_PRIORITIES, [0] * NUM_PRIORITIES
     outstanding = sum(s.queued_tokens(p) for p in Priority)
     prefixes: Counter[bytes] = Counter()
+    context = remaining = 0
     for r in s.running.values():  # one pass, plain arithmetic: once per step
         base, now, done = r.base_priority, r.priority, r.num_computed_tokens
         left = r.num_tokens - done
@@ -110,6 +115,8 @@ def scheduler_stats(s: Scheduler, with_queue: bool = False) -> SchedulerStats:
             prefill[base] += left
             prefill_now[now] += left
         outstanding += left + r.sampling_params.max_tokens - r.num_output_tokens
+        context += r.num_tokens
+        remaining += max(0, r.sampling_params.max_tokens - r.num_output_tokens)
         prefixes.update(r.block_hashes[: min(PREFIX_BLOCKS, done // bs)])
     for r in s.swapped.values():
         outstanding += r.num_tokens - r.num_computed_tokens
@@ -129,6 +136,8 @@ def scheduler_stats(s: Scheduler, with_queue: bool = False) -> SchedulerStats:
         running_now=tuple(running_now),
         prefill_now=tuple(prefill_now),
         outstanding_tokens=outstanding,
+        decode_context=context,
+        remaining_output=remaining,
         prefix_counts=tuple(prefixes.most_common()),
         kv=kv.stats(),
         headroom=tuple(kv.headroom(c) for c in classes),
@@ -144,11 +153,14 @@ def queue_stats(s: Scheduler) -> QueueStats:
     policy = s.policy
     fair = policy.traits.tenant_fair
     waiting, promoted = [0] * NUM_PRIORITIES, [0] * NUM_PRIORITIES
+    requests, outputs = [0] * NUM_PRIORITIES, 0
     by_tenant: list[dict[str, list[int]]] = [{} for _ in range(NUM_PRIORITIES)]
     for r in policy.requests():
         c, n = r.priority, r.num_tokens
         own = n if r.base_priority == c else 0
         waiting[c] += n
+        requests[c] += 1
+        outputs += r.sampling_params.max_tokens
         promoted[c] += n - own
         if fair:
             t = by_tenant[c].setdefault(r.tenant, [0, 0])
@@ -166,4 +178,6 @@ def queue_stats(s: Scheduler) -> QueueStats:
             for c in range(NUM_PRIORITIES)
         ),
         class_tags=policy.class_tags(),
+        requests=tuple(requests),
+        output_tokens=outputs,
     )

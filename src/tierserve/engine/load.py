@@ -20,7 +20,7 @@ from tierserve.admission.engine_rate import EngineShape
 from tierserve.admission.load_meter import LoadMeter
 from tierserve.admission.ttft import SLA_UNREACHABLE, Load, TenantBacklog, predict_ttft
 from tierserve.config import PriorityConfig
-from tierserve.core.stats import SchedulerStats
+from tierserve.core.stats import QueueStats, SchedulerStats
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import Request
 
@@ -40,7 +40,7 @@ def load_of(core: EngineCore, stats: SchedulerStats) -> Load:
     q, meter, now = stats.queue, core.load_meter, stats.time
     if q is None:
         raise ValueError("the TTFT predictor needs a scheduler record made with_queue")
-    engine = engine_shape(core, stats)
+    engine = engine_shape(core, stats, q)
     return Load(
         waiting_tokens=q.waiting_tokens,
         promoted_tokens=q.promoted_tokens,
@@ -58,32 +58,23 @@ def load_of(core: EngineCore, stats: SchedulerStats) -> Load:
     )
 
 
-def engine_shape(core: EngineCore, stats: SchedulerStats) -> EngineShape:
+def engine_shape(core: EngineCore, stats: SchedulerStats, q: QueueStats) -> EngineShape:
     """The engine's shape for the predicted rates (admission/engine_rate.py): the step-time
-    model and its bound, the seats, the decodes running and the work waiting behind them.
-    Read on the engine thread, beside the scheduler's record. O(running + waiting)."""
+    model and its bound, the seats, the decodes running and the work waiting behind them, from
+    the scheduler's record and its step-time model (read on the engine thread)."""
     s = core.scheduler
-    context = remaining = 0
-    for r in s.running.values():
-        context += r.num_tokens
-        remaining += max(0, r.sampling_params.max_tokens - r.num_output_tokens)
-    requests = [0] * NUM_PRIORITIES
-    outputs = 0
-    for r in s.policy.requests():  # by the class each waits in now
-        requests[r.priority] += 1
-        outputs += r.sampling_params.max_tokens
     return EngineShape(
         coef=s.step_time.coefficients,
         bound_s=s.step_bound_s,
         token_budget=stats.max_num_batched_tokens,
         max_num_seqs=stats.max_num_seqs,
-        decodes=len(s.running),
-        decode_context=context,
-        waiting_requests=tuple(requests),
-        waiting_context=sum(stats.queue.waiting_tokens) if stats.queue else 0,
+        decodes=stats.num_running,
+        decode_context=stats.decode_context,
+        waiting_requests=q.requests,
+        waiting_context=sum(q.waiting_tokens),
         seat_rate=core.load_meter.seat_rate(stats.time, s.seats_freed),
-        remaining_output=remaining,
-        waiting_output=outputs,
+        remaining_output=stats.remaining_output,
+        waiting_output=q.output_tokens,
     )
 
 
