@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 import time
@@ -15,6 +16,7 @@ from tierserve.api.app import create_app
 from tierserve.api.settings import ServerSettings
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.builder import BuiltEngine
+from tierserve.memory import freeze_heap
 from tierserve.server import build_state, uvicorn_config
 
 
@@ -36,6 +38,7 @@ def running_server(built: BuiltEngine, settings: ServerSettings | None = None, *
     settings = replace(settings, log_level="warning")
     server = uvicorn.Server(uvicorn_config(create_app(state), settings))
     thread = threading.Thread(target=server.run, daemon=True)
+    freeze_heap()  # as `tierserve serve` does; undone below (this process is the test run)
     thread.start()
     url = f"http://127.0.0.1:{settings.port}"
     for _ in range(200):
@@ -50,6 +53,7 @@ def running_server(built: BuiltEngine, settings: ServerSettings | None = None, *
     finally:
         server.should_exit = True
         thread.join(30)
+        gc.unfreeze()
         # The next server reuses this engine: it must be empty.
         assert not built.engine.has_unfinished(), "requests left in the engine"
 

@@ -33,7 +33,7 @@ from tierserve.engine.async_engine import AsyncEngine
 from tierserve.engine.builder import BuiltEngine, build_engine_off_main, engine_thread_start
 from tierserve.engine.core import StepStats
 from tierserve.engine.load import LateRequestCheck
-from tierserve.memory import fix_mmap_threshold
+from tierserve.memory import fix_mmap_threshold, freeze_heap
 from tierserve.metrics import Metrics
 from tierserve.model.loader import ModelNotFound
 
@@ -186,6 +186,7 @@ def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _sig, _frame: None)
     server = _Server(config, state)
+    freeze_heap()
     server.run()
     if server.requests_cut:
         log.warning(

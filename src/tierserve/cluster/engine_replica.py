@@ -38,6 +38,7 @@ from tierserve.engine.builder import build_engine_off_main
 from tierserve.engine.core import StepStats
 from tierserve.engine.events import Added, EngineEvent, ErrorKind, Finished, FirstToken, StreamDelta
 from tierserve.engine.snapshot import EngineSnapshot
+from tierserve.memory import freeze_heap
 from tierserve.metrics import Metrics
 from tierserve.metrics.recorder import DEFAULT_MODEL_NAME
 from tierserve.routing import ReplicaStats, replica_stats
@@ -80,6 +81,7 @@ class EngineReplica:
         # Metrics hear every event (TTFT, inter-token latency, prompt tokens), as in the single
         # server; the class window hears added / first token / finished.
         self.engine.set_observers(self._on_event, self._on_step, self._on_snapshot)
+        freeze_heap()  # before the engine thread runs: no full collection walks the model
         self.engine.start()
         self._board = board
         self._period = report_period_s
