@@ -35,6 +35,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); a dict is accepted
     skip_special_tokens: bool = True
     grammar: GrammarSpec | None = None
+    # False: never speculate for this request (the engine's speculative decoding is off for it).
+    speculative: bool = True
     # Derived once: does the row need the per-row logits processing of the sampler?
     uses_penalties: bool = field(default=False, init=False, compare=False, repr=False)
     processed: bool = field(default=False, init=False, compare=False, repr=False)

@@ -58,7 +58,10 @@ def check_scheduler(s: Scheduler, out: SchedulerOutput | None = None) -> None:
             slots = len(kv.block_ids(rid)) * kv.block_size
             if slots < r.num_computed_tokens + n:
                 _fail(f"{rid}: {slots} slots for {r.num_computed_tokens + n} tokens")
-            if r.num_computed_tokens + n > r.num_tokens:
+            drafts = len(out.spec_token_ids.get(rid, ()))
+            if drafts and r.num_tokens - r.num_computed_tokens != 1:
+                _fail(f"{rid}: drafts for a request that is not decoding")
+            if r.num_computed_tokens + n > r.num_tokens + drafts:
                 _fail(f"{rid}: scheduled past its known tokens")
             if math.ceil((r.num_computed_tokens + n) / kv.block_size) > len(kv.block_ids(rid)):
                 _fail(f"{rid}: missing blocks")

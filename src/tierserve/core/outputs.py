@@ -62,6 +62,9 @@ class SchedulerOutput:
     # Requests the executor should forget: finished, aborted or preempted since the last step.
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    # Speculative decoding: draft tokens a decoding request verifies in this step (its
+    # num_scheduled_tokens is 1 + len(drafts): the last sampled token, then the drafts).
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -84,5 +87,10 @@ class ExecutorOutput:
     logprobs: dict[str, float] = field(default_factory=dict)
     top_logprobs: dict[str, TopLogprobs] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
+    # Speculative decoding: drafts accepted, in order, before the sampled token (with their
+    # logprobs and top alternatives, like the sampled token's).
+    accepted_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    accepted_logprobs: dict[str, list[float]] = field(default_factory=dict)
+    accepted_top_logprobs: dict[str, list[TopLogprobs | None]] = field(default_factory=dict)
     # Requests the executor could not serve (e.g. non-finite logits), with a reason.
     failed: dict[str, str] = field(default_factory=dict)

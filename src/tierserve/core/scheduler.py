@@ -31,6 +31,8 @@ from tierserve.core.limits import RequestLimits
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts, PreemptionCounts
 from tierserve.core.queue_counts import QueueCounts
+from tierserve.core.spec import Speculation
+from tierserve.core.spec.planning import plan_drafts
 from tierserve.core.stats import Preemption, SchedulerStats, scheduler_stats
 from tierserve.core.step_state import StepPlan, wants_prompt_logprobs
 from tierserve.core.step_time import (
@@ -58,8 +60,10 @@ class Scheduler(QueueCounts, Preempting):
         policy: Policy,
         clock: Clock,
         costs: PreemptionCosts | None = None,
+        speculation: Speculation | None = None,
     ) -> None:
         self.config = config
+        self.speculation = speculation  # None: no speculative decoding
         self.kv = kv
         self.policy = policy
         self.clock = clock
@@ -125,6 +129,8 @@ class Scheduler(QueueCounts, Preempting):
             self._swap_in(plan)
         self._schedule_running(plan, express)
         self._admit_waiting(plan, now, only_p0=bool(express))
+        if not express:
+            plan_drafts(self, plan)
         # Requests ended inside this schedule() (alone and out of memory) are forgotten by the
         # executor in this same step; update_from_output reports them.
         plan.out.finished_req_ids |= self._forget
@@ -302,9 +308,14 @@ class Scheduler(QueueCounts, Preempting):
             if rid in failed:
                 changed.append(self.finish(rid, S.FAILED, failed[rid]))
                 continue
-            req.num_computed_tokens += n
-            self.kv.cache_blocks(req)
+            drafts = len(out.spec_token_ids.get(rid, ()))
+            req.num_computed_tokens += n - drafts  # accepted drafts count as they are taken
+            self.kv.cache_blocks(req)  # (verified tokens only: the prefix cache never sees drafts)
             got, reason = take_output(req, result, now, self.config.max_model_len)
+            if drafts and self.speculation is not None:
+                accepted = len(result.accepted_token_ids.get(rid, ()))
+                self.speculation.observe(req.priority, drafts, accepted, accepted + 1)
+                self.kv.trim(req)
             if reason is not None:
                 self.finish(rid, S.FINISHED, reason)
             if got or reason is not None:

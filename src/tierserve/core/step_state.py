@@ -26,6 +26,12 @@ def chunk_work(req: Request, n: int) -> StepWork:
     return StepWork.chunk(n, done, rows)
 
 
+def draft_work(context: int, k: int) -> StepWork:
+    """What verifying k drafts adds to a decode over `context` tokens: k query tokens, their
+    attention pairs, k more logits rows."""
+    return StepWork(0, k, 0, k * context + k * (k + 1) / 2, k)
+
+
 class StepPlan:
     def __init__(
         self,
@@ -43,6 +49,7 @@ class StepPlan:
         self._reserved: dict[str, int] = {}  # decodes counted upfront: their context
         self._decodes = [0, 0]  # decodes planned: count, contexts summed
         self._new_block_ids: dict[str, list[int]] = {}
+        self._spec: dict[str, StepWork] = {}  # what drafts add (verified with their decodes)
 
     def reserve_decodes(self, reqs: list[Request]) -> None:
         """Count these one-token decodes in the time budget before any prefill chunk is sized:
@@ -69,6 +76,10 @@ class StepPlan:
 
     def unschedule(self, req: Request) -> None:
         rid = req.request_id
+        self.out.spec_token_ids.pop(rid, None)
+        w = self._spec.pop(rid, None)  # (drafts are planned last: not seen in schedule())
+        if w is not None and self.time.active:
+            self.time.give_back(w, chunk=False)
         self.budget += self.tokens.get(rid, 0)
         self._new_block_ids.pop(rid, None)
         w = self._chunks.pop(rid, None)
@@ -83,10 +94,26 @@ class StepPlan:
                 self._decodes[1] -= ctx
         self.tokens.pop(rid, None)
 
+    def speculate(self, req: Request, drafts: list[int], new_block_ids: list[int]) -> None:
+        """`req`, planned as a one-token decode, verifies `drafts` too: k more query tokens
+        (and logits rows) in the same step."""
+        rid, k = req.request_id, len(drafts)
+        if self.tokens.get(rid) != 1 or k > self.budget:
+            raise AssertionError(f"{rid}: drafts for a request that is not a planned decode")
+        self.tokens[rid] += k
+        self._new_block_ids[rid] = self._new_block_ids[rid] + new_block_ids
+        self.budget -= k
+        self.out.spec_token_ids[rid] = list(drafts)
+        w = self._spec[rid] = draft_work(req.num_tokens, k)
+        if self.time.active:
+            self.time.take(w, chunk=False)
+
     def total_work(self) -> StepWork:
         """What the planned step computes: the step-time model's features."""
         d, ctx = self._decodes
         total = StepWork(d, d, ctx, ctx, d)
+        for w in self._spec.values():
+            total = total + w
         for w in self._chunks.values():
             total = total + w
         return total

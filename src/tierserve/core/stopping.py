@@ -40,7 +40,18 @@ def take_output(
         return False, None
     if not done:
         raise AssertionError(f"{rid}: sampled before all tokens were computed")
-    req.append_output(tok, result.logprobs.get(rid), result.top_logprobs.get(rid))
     if req.first_token_time is None:
         req.first_token_time = now
+    # Accepted drafts first: each is a token whose KV this step computed (so it counts as
+    # computed once taken), checked for stops like any other; a stop among them drops the rest.
+    accepted = result.accepted_token_ids.get(rid, ())
+    for i, draft in enumerate(accepted):
+        req.append_output(
+            draft, result.accepted_logprobs[rid][i], result.accepted_top_logprobs[rid][i]
+        )
+        req.num_computed_tokens += 1
+        reason = check_stop(req, max_model_len)
+        if reason is not None:
+            return True, reason
+    req.append_output(tok, result.logprobs.get(rid), result.top_logprobs.get(rid))
     return True, check_stop(req, max_model_len)

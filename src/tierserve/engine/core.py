@@ -30,6 +30,7 @@ from tierserve.config import (
 from tierserve.core.kv import KVCacheManager
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.scheduler import Scheduler
+from tierserve.core.spec import Speculation
 from tierserve.core.stats import Preemption, SchedulerStats
 from tierserve.executor.base import Executor
 from tierserve.policies import create_policy
@@ -95,6 +96,7 @@ class EngineCore:
         sched: SchedulerConfig | None = None,
         policy: PolicyConfig | None = None,
         priorities: PriorityConfig | None = None,
+        speculation: Speculation | None = None,
     ) -> EngineCore:
         pol = create_policy(policy or PolicyConfig(), priorities)
         if not pol.traits.class_aware:  # a class-blind policy gets one shared pool: no floor, no
@@ -102,7 +104,7 @@ class EngineCore:
             cache = replace(cache, partitions=FLAT_PARTITIONS, prefix_retention=LRU_RETENTION)
         kv = KVCacheManager(cache)
         scheduler = Scheduler(
-            sched or SchedulerConfig(), kv, pol, clock, executor.preemption_costs()
+            sched or SchedulerConfig(), kv, pol, clock, executor.preemption_costs(), speculation
         )
         return cls(scheduler, executor, clock)
 
@@ -171,10 +173,11 @@ class EngineCore:
             )
 
     def _stats(self, out, result, schedule_s, execute_s) -> StepStats:
+        spec = out.spec_token_ids
         prefill = sum(
             n
             for rid, n in out.num_scheduled_tokens.items()
-            if rid not in result.sampled_token_ids or n > 1
+            if rid not in result.sampled_token_ids or (n > 1 and rid not in spec)
         )
         return StepStats(
             step=out.step_id,

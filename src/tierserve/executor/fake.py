@@ -91,6 +91,8 @@ class FakeExecutor:
         result = ExecutorOutput()
         for rid, n in out.num_scheduled_tokens.items():
             st = self.states[rid]
+            drafts = out.spec_token_ids.get(rid, [])
+            st.tokens.extend(drafts)
             for pos in range(st.num_computed, st.num_computed + n):
                 blk, off = self._slot(st, pos)
                 blk[off] = st.tokens[pos]
@@ -98,7 +100,9 @@ class FakeExecutor:
             if rid in self.fail_request_ids:
                 result.failed[rid] = "injected failure"
                 continue
-            if st.num_computed == len(st.tokens):
+            if drafts:
+                self._verify(rid, st, drafts, result)
+            elif st.num_computed == len(st.tokens):
                 seq = []
                 for pos in range(st.num_computed):
                     blk, off = self._slot(st, pos)
@@ -108,3 +112,27 @@ class FakeExecutor:
                 result.sampled_token_ids[rid] = tok
                 result.logprobs[rid] = -float(tok % 7)
         return result
+
+    def _verify(self, rid: str, st: _State, drafts: list[int], result: ExecutorOutput) -> None:
+        """Each position's token from what its KV slots hold; drafts kept while they match."""
+        base = len(st.tokens) - len(drafts)  # known tokens before the drafts
+        seq = []
+        for pos in range(base - 1):
+            blk, off = self._slot(st, pos)
+            seq.append(blk[off])
+        kept: list[int] = []
+        for j in range(len(drafts) + 1):
+            blk, off = self._slot(st, base - 1 + j)
+            seq.append(blk[off])
+            tok = next_token(seq, self.vocab_size)
+            if j < len(drafts) and tok == drafts[j]:
+                kept.append(tok)
+                continue
+            break
+        st.tokens[base:] = [*kept, tok]
+        st.num_computed = base + len(kept)
+        result.accepted_token_ids[rid] = kept
+        result.accepted_logprobs[rid] = [-float(t % 7) for t in kept]
+        result.accepted_top_logprobs[rid] = [None] * len(kept)
+        result.sampled_token_ids[rid] = tok
+        result.logprobs[rid] = -float(tok % 7)

@@ -211,6 +211,16 @@ class KVCacheManager:
         )
         return [b.block_id for b in computed.blocks] + [b.block_id for b in new]
 
+    def trim(self, request: Request) -> None:
+        """Roll back the slots given for tokens that were not kept (rejected speculative
+        drafts): the covered count shrinks to the request's known tokens. The blocks stay with
+        the request (the executor's block table holds them too, and its next tokens fill them);
+        none of them is cached, since only computed full blocks are. Nothing for a request that
+        holds nothing (finished meanwhile)."""
+        held = self._held.get(request.request_id)
+        if held is not None:
+            held.num_tokens = min(held.num_tokens, request.num_tokens)
+
     def free(self, request_id: str) -> None:
         """Release everything the request holds on the device or in swap space."""
         held = self._held.pop(request_id, None)

@@ -1,0 +1,18 @@
+"""Speculative decoding's decisions, torch-free: who drafts how many tokens this step (`rule`),
+the n-gram prompt-lookup drafter (`ngram`), and the measured acceptance per class (`Speculation`).
+The executor verifies drafts; the scheduler schedules them as a short multi-token query of the
+request and takes back the slots of rejected ones (core/scheduler.py)."""
+
+from tierserve.core.spec.config import SpecConfig, parse_speculative_config
+from tierserve.core.spec.ngram import propose_ngram
+from tierserve.core.spec.rule import expected_tokens, pick_draft_len
+from tierserve.core.spec.speculation import Speculation
+
+__all__ = [
+    "SpecConfig",
+    "Speculation",
+    "expected_tokens",
+    "parse_speculative_config",
+    "pick_draft_len",
+    "propose_ngram",
+]

@@ -1,0 +1,69 @@
+"""`--speculative-config`: vLLM's JSON keys where they apply, checked with errors that name the
+key."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+METHODS = ("ngram",)
+_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "classes"}
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    method: str = "ngram"
+    num_speculative_tokens: int = 4  # the most drafts per request per step
+    prompt_lookup_max: int = 4  # longest suffix n-gram looked up
+    prompt_lookup_min: int = 2  # shortest
+    # Classes that may speculate whenever it pays; the others only when running alone.
+    classes: tuple[int, ...] = (0, 1)
+    prior_acceptance: float = 0.5  # before any draft of a class was verified
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> None:
+            raise ValueError(f"speculative config: {msg}")
+
+        if self.method not in METHODS:
+            bad(f"method must be one of {METHODS}, got {self.method!r}")
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                bad(f"{name} must be a positive integer, got {v!r}")
+        if self.num_speculative_tokens > 16:
+            bad(f"num_speculative_tokens must be at most 16, got {self.num_speculative_tokens}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            bad(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
+                f"prompt_lookup_max ({self.prompt_lookup_max})"
+            )
+        if not all(isinstance(c, int) and 0 <= c <= 3 for c in self.classes):
+            bad(f"classes must be priorities 0-3, got {self.classes!r}")
+        if not 0.0 < self.prior_acceptance < 1.0:
+            bad(f"prior_acceptance must lie in (0, 1), got {self.prior_acceptance}")
+
+
+def parse_speculative_config(raw: str | dict | None) -> SpecConfig | None:
+    """A JSON object (or dict) -> SpecConfig; None, "" or "off" -> no speculation."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "off", "none")):
+        return None
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"speculative config is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"speculative config must be a JSON object, got {raw!r}")
+    unknown = set(raw) - _KEYS
+    if "model" in unknown:
+        raise ValueError(
+            "speculative config: a draft model is not supported yet; use method 'ngram'"
+        )
+    if unknown:
+        raise ValueError(
+            f"speculative config: unknown key(s) {sorted(unknown)}; known: {sorted(_KEYS)}"
+        )
+    kw = dict(raw)
+    if "classes" in kw:
+        kw["classes"] = tuple(kw["classes"])
+    return SpecConfig(**kw)

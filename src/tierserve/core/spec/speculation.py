@@ -1,0 +1,58 @@
+"""The scheduler's speculation state: the configuration, the drafter, and acceptance measured
+per class (an exponentially weighted count of drafted and accepted tokens)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tierserve.core.spec.config import SpecConfig
+from tierserve.core.spec.ngram import propose_ngram
+
+# tokens so far, the most drafts wanted -> drafts
+Drafter = Callable[[list[int], int], list[int]]
+
+
+@dataclass
+class SpecCounts:
+    """Per class, since the start: drafted, accepted and emitted tokens (emitted: accepted
+    drafts plus the token each verification samples), and verification steps."""
+
+    drafted: list[int] = field(default_factory=lambda: [0] * 4)
+    accepted: list[int] = field(default_factory=lambda: [0] * 4)
+    emitted: list[int] = field(default_factory=lambda: [0] * 4)
+    verifications: list[int] = field(default_factory=lambda: [0] * 4)
+
+
+class Speculation:
+    def __init__(self, config: SpecConfig, drafter: Drafter | None = None, decay: float = 0.98):
+        self.config = config
+        self.drafter = drafter or self._ngram
+        self.decay = decay
+        # Decayed sums of drafts compared and accepted. Drafts after the first rejected one are
+        # never compared (verification stops there), so acceptance per compared draft is the
+        # per-draft rate `a` of the rule's geometric model.
+        self._compared = [0.0] * 4
+        self._accepted = [0.0] * 4
+        self.counts = SpecCounts()
+
+    def _ngram(self, tokens: list[int], k: int) -> list[int]:
+        c = self.config
+        return propose_ngram(tokens, k, c.prompt_lookup_max, c.prompt_lookup_min)
+
+    def acceptance(self, priority: int) -> float:
+        """Measured per-draft acceptance of the class, pulled toward the prior while few drafts
+        were verified (as if 8 prior drafts had been)."""
+        prior, w = self.config.prior_acceptance, 8.0
+        return (self._accepted[priority] + prior * w) / (self._compared[priority] + w)
+
+    def observe(self, priority: int, drafted: int, accepted: int, emitted: int) -> None:
+        compared = accepted + (accepted < drafted)
+        d = self.decay**compared
+        self._compared[priority] = self._compared[priority] * d + compared
+        self._accepted[priority] = self._accepted[priority] * d + accepted
+        c = self.counts
+        c.drafted[priority] += drafted
+        c.accepted[priority] += accepted
+        c.emitted[priority] += emitted
+        c.verifications[priority] += 1

@@ -1,0 +1,162 @@
+"""Speculative decoding in the core: the n-gram drafter, the goodput rule, and drafts verified
+through the real scheduler, KV manager and the KV-simulating fake executor (whose tokens are
+read back from KV slots, so a slot of a rejected draft left in use corrupts the output)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierserve.core.spec import (
+    SpecConfig,
+    Speculation,
+    expected_tokens,
+    parse_speculative_config,
+    pick_draft_len,
+    propose_ngram,
+)
+from tierserve.executor.fake import next_token
+from tests.test_engine_properties import build as build_engine
+from tests.test_engine_properties import make_specs, to_request
+
+# -- the drafter ---------------------------------------------------------------------------
+
+
+def test_ngram_proposes_the_continuation_of_the_latest_match():
+    toks = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert propose_ngram(toks, 2, n_max=3, n_min=2) == [7, 8]  # the latest "1 2 3"
+    assert propose_ngram(toks, 5, n_max=3, n_min=2) == [7, 8, 5, 1, 2]
+    assert propose_ngram([4, 5, 6], 3, 3, 2) == []  # nothing repeats
+    assert propose_ngram(toks, 0, 3, 2) == []
+
+
+def test_ngram_prefers_the_longest_suffix():
+    # "2 3" last occurred before 4; "1 2 3" only before 6
+    toks = [1, 2, 3, 6, 0, 2, 3, 4, 0, 1, 2, 3]
+    assert propose_ngram(toks, 1, n_max=3, n_min=2) == [6]
+    assert propose_ngram(toks, 1, n_max=2, n_min=2) == [4]
+
+
+@given(st.lists(st.integers(0, 5), min_size=0, max_size=60), st.integers(1, 6))
+@settings(max_examples=200, deadline=None)
+def test_ngram_drafts_always_continue_a_real_earlier_match(toks, k):
+    drafts = propose_ngram(toks, k, 4, 2)
+    assert len(drafts) <= k
+    if drafts:  # some n in [2, 4]: the last n tokens occur earlier, followed by the drafts
+        ok = any(
+            toks[i : i + n] == toks[-n:] and toks[i + n : i + n + len(drafts)] == drafts
+            for n in range(2, 5)
+            for i in range(len(toks) - n)
+        )
+        assert ok
+
+
+# -- the rule ----------------------------------------------------------------------------
+
+
+def test_expected_tokens_is_the_geometric_series():
+    assert expected_tokens(0.0, 4) == pytest.approx(1.0)
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert expected_tokens(0.9, 3) == pytest.approx(1 + 0.9 + 0.81 + 0.729)
+
+
+def test_rule_speculates_when_memory_bound_and_stops_when_compute_bound():
+    # Memory-bound: a draft costs 2% of the step. Compute-bound: a draft costs a decode's share.
+    assert pick_draft_len(0.7, 6, batch=1, step_s=0.02, extra_s=lambda k: 0.0004 * k) >= 3
+    assert pick_draft_len(0.7, 6, batch=32, step_s=0.32, extra_s=lambda k: 0.01 * k) == 0
+    # Acceptance falls: no drafts even when they are nearly free
+    assert pick_draft_len(0.02, 6, batch=1, step_s=0.02, extra_s=lambda k: 0.002 * k) == 0
+    assert pick_draft_len(0.7, 6, batch=1, step_s=0.0, extra_s=lambda k: 0.0) == 0  # no model
+
+
+def test_acceptance_is_measured_per_class_per_compared_draft():
+    spec = Speculation(SpecConfig(prior_acceptance=0.5))
+    for _ in range(200):
+        spec.observe(0, drafted=4, accepted=4, emitted=5)
+        spec.observe(3, drafted=4, accepted=0, emitted=1)
+    assert spec.acceptance(0) > 0.9 and spec.acceptance(3) < 0.1
+    assert spec.acceptance(1) == pytest.approx(0.5)  # never observed: the prior
+    assert spec.counts.drafted[0] == 800 and spec.counts.emitted[3] == 200
+
+
+def test_speculative_config_takes_vllm_keys_and_names_bad_ones():
+    cfg = parse_speculative_config(
+        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5, '
+        '"prompt_lookup_min": 1}'
+    )
+    assert (cfg.num_speculative_tokens, cfg.prompt_lookup_max, cfg.prompt_lookup_min) == (3, 5, 1)
+    assert parse_speculative_config("off") is None and parse_speculative_config(None) is None
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        parse_speculative_config('{"num_speculative_tokens": 0}')
+    with pytest.raises(ValueError, match="unknown key"):
+        parse_speculative_config('{"num_spec_tokens": 3}')
+    with pytest.raises(ValueError, match="draft model"):
+        parse_speculative_config('{"method": "draft_model", "model": "x.gguf"}')
+    with pytest.raises(ValueError, match="not valid JSON"):
+        parse_speculative_config("{num_speculative_tokens: 3")
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        parse_speculative_config('{"prompt_lookup_min": 5, "prompt_lookup_max": 2}')
+
+
+# -- drafts through the real scheduler ----------------------------------------------------
+
+
+def oracle(rng: random.Random, wrong: float):
+    """Drafts the fake model's true continuation, each draft wrong with probability `wrong`."""
+
+    def draft(tokens: list[int], k: int) -> list[int]:
+        seq, out = list(tokens), []
+        for _ in range(k):
+            t = next_token(seq, 1000)
+            if rng.random() < wrong:
+                t = (t + 1) % 1000
+            out.append(t)
+            seq.append(t)
+        return out
+
+    return draft
+
+
+def run(specs, policy, blocks, mode, speculation=None):
+    eng, clock = build_engine(policy, blocks, mode)
+    eng.scheduler.speculation = speculation
+    by_step: dict[int, list] = {}
+    for s in specs:
+        by_step.setdefault(s.arrival_step, []).append(s)
+    reqs, step = {}, 0
+    while step <= max(by_step) or eng.has_unfinished():
+        for s in by_step.get(step, []):
+            reqs[s.rid] = to_request(s, clock.now())
+            eng.add_request(reqs[s.rid])
+        eng.step()
+        clock.advance(0.01)
+        step += 1
+        assert step < 100_000
+    kv = eng.scheduler.kv
+    assert kv.pool.num_free == kv.pool.num_blocks and kv.swap.num_used == 0
+    assert kv.ledger.used == [0, 0, 0, 0]
+    return {r: (tuple(q.output_token_ids), q.finish_reason) for r, q in reqs.items()}, step
+
+
+@pytest.mark.parametrize(
+    ("policy", "blocks", "mode", "wrong"),
+    [("hybrid", 4096, "auto", 0.2), ("hybrid", 80, "swap", 0.3), ("strict", 80, "auto", 0.5)],
+)
+def test_drafts_never_change_outputs_and_every_block_comes_back(policy, blocks, mode, wrong):
+    specs = make_specs(150, seed=5, max_out=40)
+    reference, steps_off = run(specs, "fcfs", 4096, "recompute")
+    classes = (0, 1, 2, 3)
+    spec = Speculation(
+        SpecConfig(num_speculative_tokens=4, classes=classes, prior_acceptance=0.9),
+        drafter=oracle(random.Random(1), wrong),
+    )
+    got, steps_on = run(specs, policy, blocks, mode, spec)
+    assert got == reference  # token for token, finish reasons too, with rejections in the mix
+    if blocks == 4096:  # no memory pressure: drafts accepted are steps saved
+        assert steps_on < 0.8 * steps_off, (steps_on, steps_off)
+    c = spec.counts
+    assert sum(c.accepted) > 0 and sum(c.drafted) > sum(c.accepted)  # both kinds happened
+    assert sum(c.emitted) == sum(c.accepted) + sum(c.verifications)
