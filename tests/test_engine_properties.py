@@ -142,8 +142,8 @@ def test_random_stress_keeps_invariants_and_loses_nothing(seed, speculate):
         policy, num_blocks=rng.choice([40, 60]), mode=mode, cpu=24, seqs=8, budget=64
     )
     if speculate:
-        from tierserve.core.spec import SpecConfig, Speculation
         from tests.test_spec_core import oracle
+        from tierserve.core.spec import SpecConfig, Speculation
 
         cfg = SpecConfig(classes=(0, 1, 2, 3), prior_acceptance=0.9)
         eng.scheduler.speculation = Speculation(cfg, oracle(random.Random(seed), 0.3))

@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.test_engine_properties import build as build_engine
+from tests.test_engine_properties import make_specs, to_request
 from tierserve.core.spec import (
     SpecConfig,
     Speculation,
@@ -19,8 +21,6 @@ from tierserve.core.spec import (
     propose_ngram,
 )
 from tierserve.executor.fake import next_token
-from tests.test_engine_properties import build as build_engine
-from tests.test_engine_properties import make_specs, to_request
 
 # -- the drafter ---------------------------------------------------------------------------
 

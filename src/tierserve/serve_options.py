@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tierserve.core.spec.config import parse_speculative_config
 from tierserve.cpu_threads import parse_threads
 from tierserve.priority import parse_priority
 
@@ -112,6 +113,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--policy", P + "name", str, None, "fcfs | strict | drr | wfq | hybrid (default hybrid)"
+    ),
+    Option(
+        "--speculative-config", E + "speculative_config", str, None,
+        "speculative decoding, vLLM's JSON keys: method (ngram), num_speculative_tokens, "
+        "prompt_lookup_max, prompt_lookup_min; plus classes (default [0, 1]). Default off",
+        to_field=parse_speculative_config,
     ),
     Option(
         "--max-num-seqs", E + "max_num_seqs", int, None,

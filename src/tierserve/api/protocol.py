@@ -105,6 +105,9 @@ class Common(BaseModel):
     # tierserve extensions
     priority: _Priority | None = None
     sla_latency_ms: Annotated[float, Field(gt=0)] | None = None
+    speculative: bool = Field(
+        True, description="false: never speculate for this request (when the server does)"
+    )
     # OpenAI's: priority -> P0 (within the tenant's entitlement), flex -> P2, auto / default ->
     # the tenant's default. `priority` and the x-request-tier header win over it.
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(

@@ -66,6 +66,7 @@ def sampling_params(
             logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
             skip_special_tokens=body.skip_special_tokens,
             grammar=grammar,
+            speculative=body.speculative,
         )
     except ValueError as exc:  # each message starts with the field it is about
         msg = str(exc)

@@ -14,6 +14,7 @@ from tierserve.config import (
     PriorityConfig,
     SchedulerConfig,
 )
+from tierserve.core.spec.config import SpecConfig
 from tierserve.model.config import QUANTIZATIONS
 
 
@@ -58,6 +59,9 @@ class EngineArgs:
     priorities: PriorityConfig = field(default_factory=PriorityConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     measure_costs: bool = True
+    # Speculative decoding (core/spec): None (off), or which drafter and how far; the scheduler
+    # decides per class and per step whether drafts pay (docs/scheduling.md).
+    speculative_config: SpecConfig | None = None
 
     def __post_init__(self) -> None:
         if self.kv_cache_gib <= 0 and self.num_kv_blocks is None:

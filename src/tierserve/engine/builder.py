@@ -10,6 +10,7 @@ import torch
 
 from tierserve.clock import Clock, WallClock
 from tierserve.config import CacheConfig, SchedulerConfig
+from tierserve.core.spec import Speculation
 from tierserve.engine.args import EngineArgs, resolve_defaults
 from tierserve.engine.core import EngineCore
 from tierserve.executor.torch_executor import (
@@ -119,6 +120,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         ),
         args.policy,
         args.priorities,
+        Speculation(args.speculative_config) if args.speculative_config else None,
     )
     name = args.model or "SmolLM2-135M-Instruct"
     return BuiltEngine(engine, loaded.tokenizer, loaded.config, name, executor, args)

@@ -30,7 +30,7 @@ from tierserve.config import (
 from tierserve.core.kv import KVCacheManager
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.scheduler import Scheduler
-from tierserve.core.spec import Speculation
+from tierserve.core.spec import SpecStepStats, Speculation
 from tierserve.core.stats import Preemption, SchedulerStats
 from tierserve.executor.base import Executor
 from tierserve.policies import create_policy
@@ -51,6 +51,7 @@ class StepStats:
     swapped_in_blocks: int
     swapped_out_blocks: int
     scheduler: SchedulerStats  # after the step
+    spec: SpecStepStats | None = None  # drafts verified in the step (speculative decoding)
 
     @property
     def preemptions(self) -> tuple[Preemption, ...]:
@@ -191,4 +192,5 @@ class EngineCore:
             swapped_in_blocks=len(out.blocks_to_swap_in),
             swapped_out_blocks=len(out.blocks_to_swap_out),
             scheduler=self.scheduler.make_stats(),
+            spec=self.scheduler.speculation.take_step() if self.scheduler.speculation else None,
         )

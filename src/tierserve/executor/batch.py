@@ -62,9 +62,13 @@ def build_batch(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     fused: bool = False,
+    drafts: dict[str, int] | None = None,
 ) -> Batch:
     """The step's flat inputs, with attention metadata built by `backend` (`fused`: the model
-    will run whole fused decoder layers, so every request becomes a kernel segment)."""
+    will run whole fused decoder layers, so every request becomes a kernel segment). A request
+    in `drafts` verifies that many draft tokens (the last of its known tokens): each of its last
+    k + 1 positions gets a logits row and a sampling row, in order."""
+    drafts = drafts or {}
     ids: list[int] = []
     starts, counts, table_rows = [], [], []
     logits_rows: list[int] = []
@@ -91,11 +95,13 @@ def build_batch(
             )
             targets.extend(st.tokens[start + 1 : start + 1 + m])
         if start + n == len(st.tokens) and st.params.max_tokens > 0:
-            logits_rows.append(len(ids) - 1)
-            sample_ids.append(rid)
-            sample_rows.append(
-                SampleRow(st.params, len(st.tokens) - st.num_prompt, st.slot, st.eos)
-            )
+            k = drafts.get(rid, 0)
+            for j in range(k, -1, -1):
+                logits_rows.append(len(ids) - 1 - j)
+                sample_ids.append(rid)
+                sample_rows.append(
+                    SampleRow(st.params, len(st.tokens) - st.num_prompt - j, st.slot, st.eos)
+                )
     start_a = np.asarray(starts, dtype=np.int64)
     count_a = np.asarray(counts, dtype=np.int64)
     row_a = np.cumsum(count_a) - count_a  # first flat row of each request

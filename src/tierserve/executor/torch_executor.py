@@ -215,12 +215,21 @@ class TorchExecutor:
         scheduled = out.num_scheduled_tokens
         if failed:
             scheduled = {rid: n for rid, n in scheduled.items() if rid not in failed}
-        result = self._forward(self.states, scheduled) if scheduled else ExecutorOutput()
+        drafts = {rid: d for rid, d in out.spec_token_ids.items() if rid in scheduled}
+        for rid, d in drafts.items():
+            self.states[rid].tokens.extend(d)  # verified below; rejected ones are dropped
+        result = (
+            self._forward(self.states, scheduled, drafts=drafts) if scheduled else ExecutorOutput()
+        )
         result.failed.update(failed)
         return result
 
     def _forward(
-        self, states: dict[str, RequestState], scheduled: dict[str, int], path: str | None = None
+        self,
+        states: dict[str, RequestState],
+        scheduled: dict[str, int],
+        path: str | None = None,
+        drafts: dict[str, list[int]] | None = None,
     ) -> ExecutorOutput:
         path = path or self.plan.path(sum(scheduled.values()))
         batch = build_batch(
@@ -232,6 +241,7 @@ class TorchExecutor:
             self.model.dtype,
             device=self.model.device,
             fused=path == "fused",
+            drafts={rid: len(d) for rid, d in drafts.items()} if drafts else None,
         )
         masks = self.sampling.masks(batch.sample_ids) if batch.sample_ids else None
         logits = self.model.forward(
@@ -250,27 +260,49 @@ class TorchExecutor:
         for rid, n in scheduled.items():
             states[rid].num_computed += n
         if batch.sample_ids:
-            self._sample(logits, batch, masks, states, result)
+            self._sample(logits, batch, masks, states, result, drafts or {})
         return result
 
-    def _sample(self, logits, batch, masks, states, result: ExecutorOutput) -> None:
+    def _sample(self, logits, batch, masks, states, result: ExecutorOutput, drafts) -> None:
         out = self.sampler.sample(logits, batch.sample_rows, self.sampling.counts, masks)
         slots: list[int] = []
         toks: list[int] = []
-        for i, rid in enumerate(batch.sample_ids):
-            tok, st = out.tokens[i], states[rid]
-            if not math.isfinite(out.logprobs[i]):
+        i = 0
+        while i < len(batch.sample_ids):
+            rid = batch.sample_ids[i]
+            st, d = states[rid], drafts.get(rid, ())
+            rows = range(i, i + len(d) + 1)
+            i = rows.stop
+            if not all(math.isfinite(out.logprobs[r]) for r in rows):
                 result.failed[rid] = "the model produced non-finite logits"
                 continue
-            error = self.sampling.accept(rid, st, tok, slots, toks)
+            # Verification: each row's token is the one the target draws there (same noise key
+            # as without drafts); a draft is kept while it equals that token. So outputs are
+            # those of plain decoding, token for token, greedy and seeded alike.
+            kept = 0
+            while kept < len(d) and out.tokens[rows[kept]] == d[kept]:
+                kept += 1
+            if d:
+                del st.tokens[len(st.tokens) - len(d) + kept :]
+                st.num_computed -= len(d) - kept
+            error = None
+            for r in rows[: kept + 1]:
+                error = self.sampling.accept(rid, st, out.tokens[r], slots, toks)
+                if error is not None:
+                    break
             if error is not None:
                 result.failed[rid] = error
                 continue
-            st.tokens.append(tok)
-            result.sampled_token_ids[rid] = tok
-            result.logprobs[rid] = out.logprobs[i]
-            if i in out.top:
-                result.top_logprobs[rid] = out.top[i]
+            last = rows[kept]
+            st.tokens.append(out.tokens[last])
+            result.sampled_token_ids[rid] = out.tokens[last]
+            result.logprobs[rid] = out.logprobs[last]
+            if last in out.top:
+                result.top_logprobs[rid] = out.top[last]
+            if d:
+                result.accepted_token_ids[rid] = list(d[:kept])
+                result.accepted_logprobs[rid] = [out.logprobs[r] for r in rows[:kept]]
+                result.accepted_top_logprobs[rid] = [out.top.get(r) for r in rows[:kept]]
         self.sampling.flush(slots, toks)
 
 

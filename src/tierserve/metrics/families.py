@@ -168,7 +168,26 @@ class Families:
             Histogram, "llm_kv_swap_seconds", "KV swap copy time per step", ("direction",),
             buckets=STEP_BUCKETS,
         )  # fmt: skip
+        # -- llm_*: speculative decoding ----------------------------------------------------------
+        self.spec_draft = own(Counter, "llm_spec_draft_tokens", "Draft tokens verified", p)
+        self.spec_accepted = own(Counter, "llm_spec_accepted_tokens", "Draft tokens accepted", p)
+        self.spec_emitted = own(
+            Counter, "llm_spec_emitted_tokens",
+            "Tokens emitted by verification steps (accepted drafts + the sampled token)", p,
+        )  # fmt: skip
+        self.spec_acceptance = own(
+            Gauge, "llm_spec_acceptance_rate", "Accepted / drafted tokens since the start", p
+        )
         # -- vllm:* aliases ----------------------------------------------------------------------
+        self.v_spec_drafts = vllm(
+            Counter, "vllm:spec_decode_num_drafts", "Verification steps (drafts proposed)"
+        )
+        self.v_spec_draft_tokens = vllm(
+            Counter, "vllm:spec_decode_num_draft_tokens", "Draft tokens verified"
+        )
+        self.v_spec_accepted = vllm(
+            Counter, "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted"
+        )
         self.v_running = vllm(Gauge, "vllm:num_requests_running", "Requests running")
         self.v_waiting = vllm(Gauge, "vllm:num_requests_waiting", "Requests waiting")
         self.v_kv_usage = vllm(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100%")

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from prometheus_client import generate_latest
 
 from tierserve.config import PriorityConfig
+from tierserve.core.spec import SpecStepStats
 from tierserve.engine.core import StepStats
 from tierserve.engine.events import (
     EndedLate,
@@ -187,6 +188,23 @@ class Metrics:
             f.swap.labels("in").observe(swap_seconds[0])
         if stats.swapped_out_blocks:
             f.swap.labels("out").observe(swap_seconds[1])
+        if stats.spec is not None:
+            self._spec(stats.spec)
+
+    def _spec(self, spec: SpecStepStats) -> None:
+        f = self.f
+        for q in ALL_PRIORITIES:
+            drafted, accepted, emitted, verifications = spec.step[q]
+            if not verifications:
+                continue
+            f.spec_draft.labels(q.label).inc(drafted)
+            f.spec_accepted.labels(q.label).inc(accepted)
+            f.spec_emitted.labels(q.label).inc(emitted)
+            f.v_spec_drafts.labels().inc(verifications)
+            f.v_spec_draft_tokens.labels().inc(drafted)
+            f.v_spec_accepted.labels().inc(accepted)
+            total = spec.total[q]
+            f.spec_acceptance.labels(q.label).set(total[1] / total[0] if total[0] else 0.0)
 
     def on_snapshot(self, snap: EngineSnapshot) -> None:
         """Gauges (and prefix-cache counters) from the engine's published snapshot: after every

@@ -6,10 +6,11 @@ request and takes back the slots of rejected ones (core/scheduler.py)."""
 from tierserve.core.spec.config import SpecConfig, parse_speculative_config
 from tierserve.core.spec.ngram import propose_ngram
 from tierserve.core.spec.rule import expected_tokens, pick_draft_len
-from tierserve.core.spec.speculation import Speculation
+from tierserve.core.spec.speculation import SpecStepStats, Speculation
 
 __all__ = [
     "SpecConfig",
+    "SpecStepStats",
     "Speculation",
     "expected_tokens",
     "parse_speculative_config",

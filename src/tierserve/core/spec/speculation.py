@@ -24,6 +24,15 @@ class SpecCounts:
     verifications: list[int] = field(default_factory=lambda: [0] * 4)
 
 
+@dataclass(frozen=True)
+class SpecStepStats:
+    """Per class: (drafted, accepted, emitted, verifications) in one step, and since the start
+    (the same four)."""
+
+    step: tuple[tuple[int, int, int, int], ...]
+    total: tuple[tuple[int, int, int, int], ...]
+
+
 class Speculation:
     def __init__(self, config: SpecConfig, drafter: Drafter | None = None, decay: float = 0.98):
         self.config = config
@@ -35,6 +44,7 @@ class Speculation:
         self._compared = [0.0] * 4
         self._accepted = [0.0] * 4
         self.counts = SpecCounts()
+        self._step = [[0, 0, 0, 0] for _ in range(4)]  # since the last take_step()
 
     def _ngram(self, tokens: list[int], k: int) -> list[int]:
         c = self.config
@@ -51,8 +61,25 @@ class Speculation:
         d = self.decay**compared
         self._compared[priority] = self._compared[priority] * d + compared
         self._accepted[priority] = self._accepted[priority] * d + accepted
+        st = self._step[priority]
+        st[0] += drafted
+        st[1] += accepted
+        st[2] += emitted
+        st[3] += 1
         c = self.counts
         c.drafted[priority] += drafted
         c.accepted[priority] += accepted
         c.emitted[priority] += emitted
         c.verifications[priority] += 1
+
+    def take_step(self) -> SpecStepStats | None:
+        """What was verified since the last call (None: nothing), with the totals."""
+        if not any(st[3] for st in self._step):
+            return None
+        step = tuple(tuple(st) for st in self._step)
+        self._step = [[0, 0, 0, 0] for _ in range(4)]
+        c = self.counts
+        total = tuple(
+            (c.drafted[q], c.accepted[q], c.emitted[q], c.verifications[q]) for q in range(4)
+        )
+        return SpecStepStats(step, total)
