@@ -36,7 +36,7 @@ def spec_all(**kw) -> SpecConfig:
 
 
 def prompts(n: int) -> list[list[int]]:
-    return [REPEAT[i % 8 :] + [20 + i] + REPEAT[:16] for i in range(n)]
+    return [[*REPEAT[i % 8 :], 20 + i, *REPEAT[:16]] for i in range(n)]
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,9 @@ def test_outputs_and_logprobs_equal_plain_decoding(folder, params):
     assert sum(c.accepted) > 0 and sum(c.drafted) > sum(c.accepted)  # both outcomes happened
     for a, b in zip(plain, got, strict=True):
         assert a.token_ids == b.token_ids
-        assert all(math.isclose(x, y, abs_tol=2e-4) for x, y in zip(a.logprobs, b.logprobs))
+        assert all(
+            math.isclose(x, y, abs_tol=2e-4) for x, y in zip(a.logprobs, b.logprobs, strict=True)
+        )
         if params.top_logprobs:
             assert [t[0] for t in a.top_logprobs] == [t[0] for t in b.top_logprobs]
 
