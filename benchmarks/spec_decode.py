@@ -1,0 +1,110 @@
+"""Speculative decoding at low load: mean TPOT and TTFT of P0 streams, drafts on versus off, in
+process on the embedded model (issue 25's first targets).
+
+    .venv/bin/python benchmarks/spec_decode.py [--concurrency 1 4] [--max-tokens 128]
+
+For each prompt set (benchmarks/data/grounded_prompts.jsonl: summarise, rewrite, extract, code
+edit; open_chat_prompts.jsonl) and each concurrency, the prompts run as greedy P0 chat requests,
+`concurrency` at a time, once with `--speculative-config` off and once with the n-gram drafter.
+Reports mean TPOT (first token to last, per request), mean TTFT, tok/s, the acceptance rate,
+and whether the outputs were token-identical. One process, one engine at a time: run it on a
+quiet machine and name the CPU (`lscpu`) beside the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from tierserve.core.spec import SpecConfig
+from tierserve.llm import LLM
+from tierserve.priority import Priority
+from tierserve.request import Request
+from tierserve.sampling_params import SamplingParams
+
+DATA = Path(__file__).parent / "data"
+
+
+def load(name: str) -> list[str]:
+    return [json.loads(line)["prompt"] for line in (DATA / name).read_text().splitlines()]
+
+
+def run(llm: LLM, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
+    eng, eos = llm.engine, llm.model_config.eos_token_ids
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    queue = [llm._encode([{"role": "user", "content": p}]) for p in prompts]
+    live: list[Request] = []
+    done: list[Request] = []
+    n = 0
+    t0 = time.perf_counter()
+    while queue or live:
+        while queue and len(live) < concurrency:
+            req = Request(
+                f"b{n}", queue.pop(0), params, priority=Priority.P0,
+                arrival_time=eng.clock.now(), eos_token_id=eos[0] if eos else None,
+            )  # fmt: skip
+            n += 1
+            eng.add_request(req)
+            live.append(req)
+        eng.step()
+        for r in [r for r in live if r.is_finished]:
+            live.remove(r)
+            done.append(r)
+    wall = time.perf_counter() - t0
+    tpot = [
+        (r.finished_time - r.first_token_time) / (r.num_output_tokens - 1)
+        for r in done
+        if r.num_output_tokens > 1
+    ]
+    ttft = [r.first_token_time - r.arrival_time for r in done]
+    return {
+        "tpot_ms": 1e3 * statistics.mean(tpot),
+        "ttft_ms": 1e3 * statistics.mean(ttft),
+        "tok_s": sum(r.num_output_tokens for r in done) / wall,
+        "outputs": {r.request_id: list(r.output_token_ids) for r in done},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--sets", nargs="+", default=["grounded_prompts", "open_chat_prompts"])
+    a = ap.parse_args()
+    engines = {
+        "off": LLM(kv_cache_gib=0.5),
+        "on": LLM(kv_cache_gib=0.5, speculative_config=SpecConfig(num_speculative_tokens=a.k)),
+    }
+    for llm in engines.values():  # warm both (autotune, first steps)
+        run(llm, load("open_chat_prompts.jsonl")[:2], 2, 16)
+    print(
+        "| prompts | clients | TPOT off (ms) | TPOT on (ms) | TPOT gain | TTFT off / on (ms) "
+        "| tok/s off / on | acceptance | identical |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in a.sets:
+        prompts = load(f"{name}.jsonl")
+        for c in a.concurrency:
+            spec = engines["on"].engine.scheduler.speculation
+            before = (sum(spec.counts.drafted), sum(spec.counts.accepted))
+            off = run(engines["off"], prompts, c, a.max_tokens)
+            on = run(engines["on"], prompts, c, a.max_tokens)
+            drafted = sum(spec.counts.drafted) - before[0]
+            accepted = sum(spec.counts.accepted) - before[1]
+            same = off["outputs"] == on["outputs"]
+            print(
+                f"| {name} | {c} | {off['tpot_ms']:.1f} | {on['tpot_ms']:.1f} "
+                f"| {off['tpot_ms'] / on['tpot_ms']:.2f}x "
+                f"| {off['ttft_ms']:.0f} / {on['ttft_ms']:.0f} "
+                f"| {off['tok_s']:.1f} / {on['tok_s']:.1f} "
+                f"| {accepted / drafted if drafted else 0:.2f} ({drafted} drafts) | {same} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
