@@ -65,11 +65,11 @@ def test_expected_tokens_is_the_geometric_series():
 
 def test_rule_speculates_when_memory_bound_and_stops_when_compute_bound():
     # Memory-bound: a draft costs 2% of the step. Compute-bound: a draft costs a decode's share.
-    assert pick_draft_len(0.7, 6, batch=1, step_s=0.02, extra_s=lambda k: 0.0004 * k) >= 3
-    assert pick_draft_len(0.7, 6, batch=32, step_s=0.32, extra_s=lambda k: 0.01 * k) == 0
+    assert pick_draft_len(0.7, 6, tokens=1, step_s=0.02, extra_s=lambda k: 0.0004 * k) >= 3
+    assert pick_draft_len(0.7, 6, tokens=32, step_s=0.32, extra_s=lambda k: 0.01 * k) == 0
     # Acceptance falls: no drafts even when they are nearly free
-    assert pick_draft_len(0.02, 6, batch=1, step_s=0.02, extra_s=lambda k: 0.002 * k) == 0
-    assert pick_draft_len(0.7, 6, batch=1, step_s=0.0, extra_s=lambda k: 0.0) == 0  # no model
+    assert pick_draft_len(0.02, 6, tokens=1, step_s=0.02, extra_s=lambda k: 0.002 * k) == 0
+    assert pick_draft_len(0.7, 6, tokens=1, step_s=0.0, extra_s=lambda k: 0.0) == 0  # no model
 
 
 def test_acceptance_is_measured_per_class_per_compared_draft():
@@ -160,3 +160,56 @@ def test_drafts_never_change_outputs_and_every_block_comes_back(policy, blocks, 
     c = spec.counts
     assert sum(c.accepted) > 0 and sum(c.drafted) > sum(c.accepted)  # both kinds happened
     assert sum(c.emitted) == sum(c.accepted) + sum(c.verifications)
+
+
+# -- who drafts: the rule inside the scheduler ------------------------------------------------
+
+
+class FixedTime:
+    """A step-time model that has learnt `coef` (seconds per feature) and learns nothing more."""
+
+    def __init__(self, coef):
+        from tierserve.core.step_time import StepCoefficients
+
+        self.coefficients = StepCoefficients(coef, calibrated=True)
+
+    def observe(self, work, seconds):
+        pass
+
+
+# (overhead, per seq, per token, per context token, per attention pair, per logits row):
+# a memory-bound machine (weights streamed once per step: the overhead dominates), and a
+# compute-bound one (every token costs as much as the overhead shared by 32).
+MEMORY_BOUND = (0.02, 1e-5, 2e-4, 0.0, 1e-8, 1e-4)
+COMPUTE_BOUND = (0.005, 1e-5, 0.01, 0.0, 1e-8, 1e-4)
+
+
+def drafting(priorities, coef, max_tokens=50):
+    """Run requests of these classes to their first decodes; drafted tokens per class."""
+    eng, clock = build_engine("hybrid", 4096, "auto")
+    s = eng.scheduler
+    s.step_time = FixedTime(coef)
+    cfg = SpecConfig(prior_acceptance=0.8)  # default classes: P0 and P1
+    s.speculation = Speculation(cfg, oracle(random.Random(0), 0.0))
+    specs = make_specs(len(priorities), seed=9, max_prompt=60, max_out=max_tokens)
+    for i, (sp, p) in enumerate(zip(specs, priorities, strict=True)):
+        req = to_request(sp, clock.now())
+        req.priority = req.base_priority = p
+        req.request_id = f"r{i}"
+        req.sampling_params = type(req.sampling_params)(max_tokens=max_tokens, temperature=0.0)
+        eng.add_request(req)
+    for _ in range(8):
+        eng.step()
+        clock.advance(0.01)
+    return s.speculation.counts.drafted
+
+
+def test_a_lone_p0_drafts_on_a_memory_bound_step_and_a_full_batch_does_not():
+    assert drafting([0], MEMORY_BOUND)[0] > 0
+    assert drafting([0] * 32, COMPUTE_BOUND)[0] == 0
+
+
+def test_p2_and_p3_draft_only_when_alone():
+    assert drafting([3], MEMORY_BOUND)[3] > 0  # alone: the engine is otherwise idle
+    counts = drafting([0, 3, 2], MEMORY_BOUND)
+    assert counts[0] > 0 and counts[2] == 0 and counts[3] == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tierserve.core.spec.rule import pick_draft_len
+from tierserve.core.spec.rule import expected_tokens, pick_draft_len
 from tierserve.core.step_state import draft_work
 
 if TYPE_CHECKING:
@@ -36,7 +36,8 @@ def plan_drafts(s: Scheduler, plan: StepPlan) -> None:
     if not decodes:
         return
     coef = s.step_time.coefficients
-    step_s = coef.seconds(plan.total_work())
+    work = plan.total_work()
+    step_s, tokens = coef.seconds(work), work.tokens
     alone = len(s.running) == 1 and len(s.policy) == 0 and not s.swapped
     cfg = spec.config
     for req in sorted(decodes, key=s.policy.traits.rank):
@@ -53,19 +54,25 @@ def plan_drafts(s: Scheduler, plan: StepPlan) -> None:
         )
         if room <= 0:
             continue
-        drafts = spec.drafter(req.all_token_ids, room)[:room]
-        if not drafts:
-            continue
         ctx = req.num_tokens
 
         def extra(k: int, ctx=ctx) -> float:
             return coef.seconds(draft_work(ctx, k), with_overhead=False)
 
-        k = pick_draft_len(spec.acceptance(req.priority), len(drafts), len(decodes), step_s, extra)
+        # The rule first (plain arithmetic), the drafter only where drafts could pay: a large
+        # batch never pays for a lookup per request.
+        alpha = spec.acceptance(req.priority)
+        k = pick_draft_len(alpha, room, tokens, step_s, extra)
         if k == 0:
             continue
+        drafts = spec.drafter(req.all_token_ids, k)[:k]
+        if len(drafts) < k:  # fewer found: still worth it?
+            k = pick_draft_len(alpha, len(drafts), tokens, step_s, extra)
+            if k == 0:
+                continue
         ids = s.kv.allocate_slots(req, 1 + k)
         if ids is None:
             continue
         plan.speculate(req, drafts[:k], ids)
         step_s += extra(k)
+        tokens += expected_tokens(alpha, k) - 1  # what its drafts are expected to yield
