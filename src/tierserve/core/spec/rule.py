@@ -34,8 +34,8 @@ def pick_draft_len(
 ) -> int:
     """The number of drafts (0..k_max) that maximises the step's expected tokens per second.
     `tokens`: what the step yields without drafts (this request's token included); `step_s`:
-    its predicted time without them; `extra_s(k)`: what k drafts add to it. 0 unless the best k beats no drafts
-    by the factor `min_gain`."""
+    its predicted time without them; `extra_s(k)`: what k drafts add to it. 0 unless the best
+    k beats no drafts by the factor `min_gain`."""
     if k_max <= 0 or step_s <= 0 or tokens <= 0:
         return 0
     base = tokens / step_s
