@@ -141,6 +141,9 @@ class Request:
     # The class the request was submitted with; `priority` may be promoted by aging.
     base_priority: Priority = field(init=False)
     num_preemptions: int = field(default=0, init=False)
+    # Speculative decoding: draft tokens verified for this request, and those accepted.
+    num_draft_tokens: int = field(default=0, init=False)
+    num_accepted_tokens: int = field(default=0, init=False)
     first_scheduled_time: float | None = field(default=None, init=False)
     first_token_time: float | None = field(default=None, init=False)
     finished_time: float | None = field(default=None, init=False)

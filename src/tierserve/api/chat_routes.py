@@ -17,6 +17,7 @@ from tierserve.api.generation import (
     collect,
     response_base,
     server_state,
+    spec_usage,
     stream,
     usage,
 )
@@ -148,7 +149,7 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
             "finish_reason": _finish(c.finish_reason, bool(calls)),
         }
         out.append(item)
-    total = usage(len(prompt_ids), sum(c.completion_tokens for c in choices))
+    total = usage(len(prompt_ids), sum(c.completion_tokens for c in choices), *spec_usage(choices))
     return JSONResponse(
         {**base, "object": "chat.completion", "choices": out, "usage": total},
         headers=prep.headers,

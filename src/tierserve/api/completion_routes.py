@@ -13,6 +13,7 @@ from tierserve.api.generation import (
     collect,
     response_base,
     server_state,
+    spec_usage,
     stream,
     usage,
 )
@@ -96,5 +97,5 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
         out.append(
             {"index": i, "text": echo + c.text, "logprobs": lp, "finish_reason": c.finish_reason}
         )
-    total = usage(n_prompt, sum(c.completion_tokens for c in choices))
+    total = usage(n_prompt, sum(c.completion_tokens for c in choices), *spec_usage(choices))
     return JSONResponse({**base, "choices": out, "usage": total}, headers=prep.headers)

@@ -68,12 +68,24 @@ async def merged(prep: Prepared) -> AsyncIterator[tuple[int, StreamDelta]]:
             t.cancel()
 
 
-def usage(prompt: int, completion: int) -> dict:
-    return {
+def usage(prompt: int, completion: int, drafted: int = 0, accepted: int = 0) -> dict:
+    """OpenAI's usage; with speculative decoding, its predicted-output details too (draft
+    tokens accepted and rejected)."""
+    out = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if drafted:
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": drafted - accepted,
+        }
+    return out
+
+
+def spec_usage(choices) -> tuple[int, int]:
+    return sum(c.num_draft_tokens for c in choices), sum(c.num_accepted_tokens for c in choices)
 
 
 def error_event(d: StreamDelta) -> dict:
@@ -91,6 +103,7 @@ class Choice:
         self.error_kind: ErrorKind | None = None
         self.retry_after_s: float | None = None
         self.completion_tokens = 0
+        self.num_draft_tokens = self.num_accepted_tokens = 0
 
 
 async def collect(state: ServerState, http: HTTPRequest, prep: Prepared) -> list[Choice]:
@@ -107,6 +120,7 @@ async def collect(state: ServerState, http: HTTPRequest, prep: Prepared) -> list
             if d.prompt_logprobs is not None:
                 c.prompt_logprobs = d.prompt_logprobs
             c.completion_tokens = d.num_output_tokens
+            c.num_draft_tokens, c.num_accepted_tokens = d.num_draft_tokens, d.num_accepted_tokens
             if d.finished:
                 c.finish_reason, c.error, c.retry_after_s = (
                     d.finish_reason,
@@ -143,7 +157,7 @@ def stream(state, prep: Prepared, chunk: dict, body, n_prompt: int, make_choice:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     async def events():
-        started, totals = set(), {}
+        started, totals, spec = set(), {}, {}
         try:
             async with prep:  # a failed choice ends the response: the others are cancelled
                 async for i, d in merged(prep):
@@ -151,12 +165,16 @@ def stream(state, prep: Prepared, chunk: dict, body, n_prompt: int, make_choice:
                         yield _sse(error_event(d))
                         break
                     totals[i] = d.num_output_tokens
+                    spec[i] = (d.num_draft_tokens, d.num_accepted_tokens)
                     choice = make_choice(i, d, i not in started)
                     if choice is not None:
                         yield _sse({**chunk, "choices": [choice]})
                         started.add(i)
             if include_usage:
-                yield _sse({**chunk, "choices": [], "usage": usage(n_prompt, sum(totals.values()))})
+                drafted = sum(v[0] for v in spec.values())
+                accepted = sum(v[1] for v in spec.values())
+                total = usage(n_prompt, sum(totals.values()), drafted, accepted)
+                yield _sse({**chunk, "choices": [], "usage": total})
         except Exception:  # the status line is sent: end the stream with an error event
             log.exception("stream %s failed", prep.request_id)
             msg = f"internal server error (request id {prep.request_id})"

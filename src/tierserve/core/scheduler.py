@@ -315,6 +315,8 @@ class Scheduler(QueueCounts, Preempting):
             if drafts and self.speculation is not None:
                 accepted = len(result.accepted_token_ids.get(rid, ()))
                 self.speculation.observe(req.priority, drafts, accepted, accepted + 1)
+                req.num_draft_tokens += drafts
+                req.num_accepted_tokens += accepted
                 self.kv.trim(req)
             if reason is not None:
                 self.finish(rid, S.FINISHED, reason)

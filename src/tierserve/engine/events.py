@@ -53,6 +53,10 @@ class StreamDelta:
     # first delta after the prompt is computed.
     prompt_logprobs: list | None = None
     error_kind: ErrorKind | None = None  # with finish_reason "error"
+    # Speculative decoding, so far: draft tokens verified and accepted (OpenAI's usage reports
+    # them as accepted / rejected prediction tokens).
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,8 @@ class LiveRequest:
             top_logprobs=req.output_top_logprobs[sent:],
             num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=req.num_output_tokens,
+            num_draft_tokens=req.num_draft_tokens,
+            num_accepted_tokens=req.num_accepted_tokens,
         )
         wants = req.sampling_params.prompt_logprobs is not None
         if wants and not self.sent_prompt_logprobs and req.prompt_logprobs_done:
