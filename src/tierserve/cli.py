@@ -78,6 +78,25 @@ def workload_config(args: argparse.Namespace):
     )
 
 
+def with_speculation(configs: list, raw: str | None, acceptance: list[float]) -> list:
+    """The simulate command's configs with speculative decoding, if asked (raises ValueError
+    naming a bad value)."""
+    from dataclasses import replace
+
+    from tierserve.core.spec import parse_speculative_config
+    from tierserve.sim.runner import SimConfig
+
+    spec = parse_speculative_config(raw)
+    if spec is None:
+        return configs
+    if len(acceptance) not in (1, 4) or not all(0 <= a < 1 for a in acceptance):
+        raise ValueError(f"--spec-acceptance takes 1 or 4 values in [0, 1), got {acceptance}")
+    acc = tuple(acceptance) * (4 // len(acceptance))
+    if not all(isinstance(c, SimConfig) for c in configs):
+        raise ValueError("--speculative-config is not supported for fleets yet")
+    return [replace(c, speculative=spec, spec_acceptance=acc) for c in configs]
+
+
 def _simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
     from pathlib import Path
@@ -154,6 +173,7 @@ def _simulate(args: argparse.Namespace) -> int:
             ]
             title = "Fleet simulation"
     try:
+        configs = with_speculation(configs, args.speculative_config, args.spec_acceptance)
         for hw in sorted({getattr(c, "sim", c).hardware for c in configs}):
             for note in profile_notes(hw):
                 print(note, file=sys.stderr)
@@ -337,6 +357,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="how arrivals pick a replica (repeatable; default priority-aware; fleet: the "
         "first four; step-oracle is a simulator-only reference)",
     )
+    sm.add_argument(
+        "--speculative-config", default=None,
+        help="speculative decoding, as for serve (JSON; default off); fleets not yet",
+    )  # fmt: skip
+    sm.add_argument(
+        "--spec-acceptance", type=float, nargs="+", default=[0.7],
+        help="per-draft acceptance: one for every class, or four (P0..P3)",
+    )  # fmt: skip
     sm.set_defaults(func=_simulate)
 
     c = sub.add_parser("calibrate", help="fit a cpu-local cost profile on the real CPU engine")

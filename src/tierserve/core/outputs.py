@@ -39,6 +39,7 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     eos_token_id: int | None = None
+    priority: int = 1  # the class it was submitted as (a simulator's acceptance is per class)
 
 
 @dataclass

@@ -152,6 +152,7 @@ class StepPlan:
                         block_ids=kv.block_ids(rid),
                         num_computed_tokens=req.num_computed_tokens,
                         eos_token_id=req.eos_token_id,
+                        priority=int(req.base_priority),
                     )
                 )
                 known.add(rid)

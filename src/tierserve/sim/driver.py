@@ -189,7 +189,9 @@ class EngineFeed:
             StepSample(
                 now,
                 now - started,
-                sum(1 for r in changed if r.output_token_ids),
+                # a token per request that got one, plus the drafts verification accepted
+                sum(1 for r in changed if r.output_token_ids)
+                + (sum(c[1] for c in stats.spec.step) if stats.spec else 0),
                 stats.num_tokens,
                 stats.kv_usage,
                 part.floor_used,

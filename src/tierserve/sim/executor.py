@@ -1,9 +1,15 @@
 """SimExecutor: an executor with no tensors. It prices each SchedulerOutput with the cost model,
 moves the virtual clock forward by that much, and "samples" a token for every request whose
-known tokens are all computed. The scheduler and KV manager it serves are the real ones."""
+known tokens are all computed. The scheduler and KV manager it serves are the real ones.
+
+Speculative decoding: drafts are priced as the multi-token query they are (k more tokens, k more
+logits rows), and each is accepted with the workload's per-class probability `acceptance`
+(seeded), the drafts after a rejected one never. `sim_drafter` proposes drafts for every
+request (the simulated tokens carry no text to look up): acceptance is the workload parameter."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from tierserve.clock import ManualClock
@@ -30,8 +36,18 @@ class SimTotals:
 
 
 class SimExecutor:
-    def __init__(self, cost: CostModel, clock: ManualClock, block_size: int) -> None:
+    def __init__(
+        self,
+        cost: CostModel,
+        clock: ManualClock,
+        block_size: int,
+        acceptance: tuple[float, ...] = (0.0,) * 4,
+        seed: int = 0,
+    ) -> None:
         self.cost = cost
+        self.acceptance = acceptance  # per draft, per submitted class
+        self.classes: dict[str, int] = {}  # request id -> submitted class
+        self._rng = random.Random(seed)
         self.clock = clock
         self.block_size = block_size
         self.states: dict[str, _State] = {}
@@ -48,17 +64,26 @@ class SimExecutor:
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
         for rid in out.finished_req_ids | out.preempted_req_ids:
             self.states.pop(rid, None)
+            self.classes.pop(rid, None)
         for new in out.scheduled_new:
             self.states[new.request_id] = _State(len(new.token_ids), new.num_computed_tokens)
-        chunks, sampled = [], []
+            self.classes[new.request_id] = new.priority
+        chunks, sampled, accepted, rows = [], [], {}, 0
         for rid, n in out.num_scheduled_tokens.items():
             st = self.states[rid]
+            k = len(out.spec_token_ids.get(rid, ()))
             st.num_computed += n
             chunks.append((n, st.num_computed))
+            if k:
+                a = self._accepted(rid, k)
+                accepted[rid] = [SIM_TOKEN] * a
+                st.num_computed -= k - a
+                st.num_tokens += a
+                rows += k
             if st.num_computed == st.num_tokens:
                 sampled.append(rid)
                 st.num_tokens += 1
-        step = self.cost.step(chunks, len(sampled))
+        step = self.cost.step(chunks, len(sampled) + rows)
         swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
         swap_s = self.cost.swap_seconds(swapped, self.block_size) if swapped else 0.0
         seconds = step.seconds + swap_s
@@ -73,4 +98,19 @@ class SimExecutor:
         return ExecutorOutput(
             sampled_token_ids={rid: SIM_TOKEN for rid in sampled},
             logprobs={rid: 0.0 for rid in sampled},
+            accepted_token_ids=accepted,
+            accepted_logprobs={rid: [0.0] * len(a) for rid, a in accepted.items()},
+            accepted_top_logprobs={rid: [None] * len(a) for rid, a in accepted.items()},
         )
+
+    def _accepted(self, rid: str, k: int) -> int:
+        p = self.acceptance[self.classes.get(rid, 1)]
+        a = 0
+        while a < k and self._rng.random() < p:
+            a += 1
+        return a
+
+
+def sim_drafter(tokens: list[int], k: int) -> list[int]:
+    """k drafts for any request (what they are does not matter to the simulator)."""
+    return [SIM_TOKEN] * k

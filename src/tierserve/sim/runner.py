@@ -17,12 +17,13 @@ from tierserve.config import (
     PriorityConfig,
     SchedulerConfig,
 )
+from tierserve.core.spec import SpecConfig, Speculation
 from tierserve.engine.core import EngineCore
 from tierserve.engine.load import CoreQueueView, LateRequestCheck
 from tierserve.priority import Priority
 from tierserve.sim.cost_model import CostModel
 from tierserve.sim.driver import DriveResult, SlaClients, drive
-from tierserve.sim.executor import SimExecutor
+from tierserve.sim.executor import SimExecutor, sim_drafter
 from tierserve.sim.profiles import load_hardware, load_model_profile
 from tierserve.sim.stats import run_stats
 from tierserve.sim.workload import Workload, WorkloadConfig
@@ -64,6 +65,9 @@ class SimConfig:
     # hybrid's SLA urgency under SLA admission (policy_for_sla_admission: 1.0; the default 0.2
     # only for comparison, benchmarks/sla_ablation.py)
     sla_urgency_fraction: float = 1.0
+    # Speculative decoding (None: off) and the workload's per-draft acceptance, per class.
+    speculative: SpecConfig | None = None
+    spec_acceptance: tuple[float, ...] = (0.7, 0.7, 0.7, 0.7)
 
     @property
     def label(self) -> str:
@@ -78,7 +82,7 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
         cfg.swap_gib_per_device * (1 << 30) * cfg.tp // cost.kv_bytes_per_block(cfg.block_size)
     )
     clock = ManualClock()
-    ex = SimExecutor(cost, clock, cfg.block_size)
+    ex = SimExecutor(cost, clock, cfg.block_size, cfg.spec_acceptance)
     policy = PolicyConfig(name=cfg.policy)
     engine = EngineCore.build(
         ex,
@@ -102,6 +106,7 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
         if cfg.admission.sla_admission
         else policy,
         cfg.priorities,
+        Speculation(cfg.speculative, sim_drafter) if cfg.speculative else None,
     )
     return engine, ex, cost
 
@@ -172,6 +177,7 @@ def run_simulation(
             "out": sched.preemptions.swapped_out_blocks,
         },
         p0_express_steps=sched.express_steps,
+        speculation=asdict(sched.speculation.counts) if sched.speculation else None,
         prefix_hit_rate={p.label: round(kv.hit_rate(p), 4) for p in Priority},
         kv_blocks=sched.kv.pool.num_blocks,
         kv_usage_series=_kv_series(result, cfg.kv_sample_points),
