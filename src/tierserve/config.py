@@ -211,6 +211,12 @@ class SchedulerConfig:
     # P0's TTFT SLA (a P0 arriving meanwhile waits for it); None: sized by tokens only. Only
     # under a policy that serves P0 first (core/step_time.py).
     step_time_fraction: float | None = 0.4
+    # Calm steps (core/calm.py): while a P0 arrived within the last `p0_recent_s`, P2/P3
+    # decodes are paced so that a step's decodes fit `p0_calm_fraction` x P0's TTFT SLA
+    # (None: off).
+    # (None: off, the default: it costs background throughput, docs/scheduling.md)
+    p0_calm_fraction: float | None = None
+    p0_recent_s: float = 10.0
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
@@ -236,6 +242,12 @@ class SchedulerConfig:
             f is None or (isinstance(f, int | float) and 0 < f <= 10),
             f"step_time_fraction must lie in (0, 10] (of P0's TTFT SLA) or be None, got {f!r}",
         )
+        c = self.p0_calm_fraction
+        _check(
+            c is None or (isinstance(c, int | float) and 0 < c <= 1),
+            f"p0_calm_fraction must lie in (0, 1] (of P0's TTFT SLA) or be None, got {c!r}",
+        )
+        _check(self.p0_recent_s > 0, f"p0_recent_s must be positive, got {self.p0_recent_s}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -264,6 +264,12 @@ OPTIONS: tuple[Option, ...] = (
         "tokens only (0.4)", to_field=_none_word
     ),
     Option(
+        "--p0-calm-fraction", E + "p0_calm_fraction", float_or_none, None,
+        "while P0 traffic is about, pace P2/P3 decodes so a step's decodes fit this fraction of "
+        "P0's TTFT SLA (e.g. 0.1; costs background throughput); none: off (default)",
+        to_field=_none_word,
+    ),
+    Option(
         "--prefix-retention", E + "prefix_retention", float, 4,
         "pools of later allocations a cached block of P0..P3 outlives beyond LRU; 0 0 0 0: "
         "LRU (1 0.5 0.25 0)", to_field=tuple

@@ -24,6 +24,7 @@ import itertools
 
 from tierserve.clock import Clock
 from tierserve.config import SchedulerConfig
+from tierserve.core.calm import CalmSteps
 from tierserve.core.invariants import check_scheduler
 from tierserve.core.kv import KVCacheManager
 from tierserve.core.kv.manager import NO_HITS
@@ -89,6 +90,8 @@ class Scheduler(QueueCounts, Preempting):
         # Step time, predicted and measured (step_time.py), and the bound on it.
         self.step_time = StepTimeModel(costs.prefill_tokens_per_s if costs else None)
         self.step_bound_s = step_bound(config, policy)
+        p0_sla = policy.priorities.sla(Priority.P0) if policy.traits.p0_strict else None
+        self.calm = CalmSteps(config.p0_calm_fraction, config.p0_recent_s, p0_sla)
         # (start, work, express?) of the step handed out, measured when its output comes back
         self._planned: tuple[float, StepWork, bool] | None = None
 
@@ -105,6 +108,7 @@ class Scheduler(QueueCounts, Preempting):
         self.validate(request)
         request.arrival_seq = next(self._seq)
         self.requests[request.request_id] = request
+        self.calm.on_arrival(request, self.clock.now())
         self._enqueue(request, requeue=False)
 
     # -- the step --------------------------------------------------------------------------
@@ -211,11 +215,16 @@ class Scheduler(QueueCounts, Preempting):
         decodes = [r for r in ranked if r.num_tokens - r.num_computed_tokens == 1]
         if express == "exclusive":
             decodes = [r for r in decodes if r.priority == Priority.P0]
+        held = self.calm.hold(decodes, self.step_time.coefficients, self.clock.now())
+        if held:
+            decodes = [r for r in decodes if r.request_id not in held]
         plan.reserve_decodes(decodes)
         decodes_left = len(decodes)
         for req in ranked:
-            decodes_left -= req.num_tokens - req.num_computed_tokens == 1
-            if req.request_id not in self.running or plan.budget <= 0:
+            decodes_left -= (
+                req.num_tokens - req.num_computed_tokens == 1 and req.request_id not in held
+            )
+            if req.request_id not in self.running or plan.budget <= 0 or req.request_id in held:
                 continue
             lower = req.priority != Priority.P0
             if express == "exclusive" and lower:
@@ -329,6 +338,7 @@ class Scheduler(QueueCounts, Preempting):
         req = self.requests.pop(request_id, None)
         if req is None:
             raise KeyError(f"unknown request {request_id!r}")
+        self.calm.forget(request_id)
         if request_id in self.running:
             del self.running[request_id]
             self.seats_freed += 1

@@ -117,6 +117,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             swap_cost_ratio=args.swap_cost_ratio,
             p0_express=resolved.p0_express,
             step_time_fraction=args.step_time_fraction,
+            p0_calm_fraction=args.p0_calm_fraction,
         ),
         args.policy,
         args.priorities,
