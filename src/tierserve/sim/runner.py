@@ -48,6 +48,7 @@ class SimConfig:
     p0_express: str = "decode"  # GPU: decode hides under compute-bound prefill
     # A step's prefill is sized to end within this fraction of P0's SLA (core/step_time.py).
     step_time_fraction: float | None = SchedulerConfig().step_time_fraction
+    p0_calm_fraction: float | None = SchedulerConfig().p0_calm_fraction  # core/calm.py
     num_kv_blocks: int | None = None
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
@@ -101,6 +102,7 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
             preemption_mode=cfg.preemption_mode,
             p0_express=cfg.p0_express,
             step_time_fraction=cfg.step_time_fraction,
+            p0_calm_fraction=cfg.p0_calm_fraction,
         ),
         replace(policy_for_sla_admission(policy), sla_urgency_fraction=cfg.sla_urgency_fraction)
         if cfg.admission.sla_admission
