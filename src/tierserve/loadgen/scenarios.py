@@ -150,4 +150,6 @@ def flood_summary(opts: FloodOptions, phases: list[LevelResult], ttft_sla, tpot_
         "p0_ttft_ratio_p95": ratio(95),
         "background_throughput_tokens_per_s": p3.get("throughput_tokens_per_s"),
         "background_throughput_total_tokens_per_s": p3.get("throughput_total_tokens_per_s"),
+        # the probes' decode under the flood (what speculative decoding is for)
+        "p0_loaded_tpot_mean_s": (bg["classes"]["P0"].get("tpot_mean_s") if bg else None),
     }
