@@ -206,10 +206,31 @@ def drafting(priorities, coef, max_tokens=50):
 
 def test_a_lone_p0_drafts_on_a_memory_bound_step_and_a_full_batch_does_not():
     assert drafting([0], MEMORY_BOUND)[0] > 0
-    assert drafting([0] * 32, COMPUTE_BOUND)[0] == 0
+    assert drafting([1] * 32, COMPUTE_BOUND)[1] == 0  # P1 drafts for throughput only
 
 
 def test_p2_and_p3_draft_only_when_alone():
     assert drafting([3], MEMORY_BOUND)[3] > 0  # alone: the engine is otherwise idle
     counts = drafting([0, 3, 2], MEMORY_BOUND)
     assert counts[0] > 0 and counts[2] == 0 and counts[3] == 0
+
+
+def test_p0_drafts_for_its_own_latency_within_the_throughput_floor():
+    # A step of 16 decodes (30 ms); each draft adds 1.5 ms (5%): throughput says no drafts,
+    # latency lets P0 draft while the step keeps >= 97% of its rate.
+    def extra(k):
+        return 0.0015 * k
+
+    assert pick_draft_len(0.6, 4, tokens=16, step_s=0.03, extra_s=extra) == 0
+    k = pick_draft_len(0.6, 4, tokens=16, step_s=0.03, extra_s=extra, floor=0.97)
+    assert k >= 1
+    rate = (15 + expected_tokens(0.6, k)) / (0.03 + extra(k))
+    assert rate >= 0.97 * 16 / 0.03
+    # the floor binds: at 10% a draft, no k keeps 97%
+    assert pick_draft_len(0.6, 4, 16, 0.03, lambda k: 0.003 * k, floor=0.97) == 0
+
+
+def test_a_p0_beside_a_background_flood_drafts_and_the_flood_does_not():
+    # 15 P3 decodes beside one P0: with the latency rule P0 drafts; P3 never does beside it
+    counts = drafting([0] + [3] * 15, (0.02, 1e-5, 5e-4, 0.0, 1e-8, 1e-4))
+    assert counts[0] > 0 and counts[3] == 0

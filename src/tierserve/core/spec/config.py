@@ -7,7 +7,15 @@ import json
 from dataclasses import dataclass
 
 METHODS = ("ngram",)
-_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "classes"}
+_KEYS = {
+    "method",
+    "num_speculative_tokens",
+    "prompt_lookup_max",
+    "prompt_lookup_min",
+    "classes",
+    "latency_classes",
+    "throughput_floor",
+}
 
 
 @dataclass(frozen=True)
@@ -19,6 +27,10 @@ class SpecConfig:
     # Classes that may speculate whenever it pays; the others only when running alone.
     classes: tuple[int, ...] = (0, 1)
     prior_acceptance: float = 0.5  # before any draft of a class was verified
+    # Classes whose drafts are sized for their own latency, within `throughput_floor` x the
+    # step's rate without drafts (core/spec/rule.py); the others for the step's throughput.
+    latency_classes: tuple[int, ...] = (0,)
+    throughput_floor: float = 0.97
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -37,8 +49,12 @@ class SpecConfig:
                 f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
                 f"prompt_lookup_max ({self.prompt_lookup_max})"
             )
-        if not all(isinstance(c, int) and 0 <= c <= 3 for c in self.classes):
-            bad(f"classes must be priorities 0-3, got {self.classes!r}")
+        for name in ("classes", "latency_classes"):
+            v = getattr(self, name)
+            if not all(isinstance(c, int) and 0 <= c <= 3 for c in v):
+                bad(f"{name} must be priorities 0-3, got {v!r}")
+        if not 0.5 <= self.throughput_floor <= 1.0:
+            bad(f"throughput_floor must lie in [0.5, 1], got {self.throughput_floor}")
         if not 0.0 < self.prior_acceptance < 1.0:
             bad(f"prior_acceptance must lie in (0, 1), got {self.prior_acceptance}")
 
@@ -64,6 +80,7 @@ def parse_speculative_config(raw: str | dict | None) -> SpecConfig | None:
             f"speculative config: unknown key(s) {sorted(unknown)}; known: {sorted(_KEYS)}"
         )
     kw = dict(raw)
-    if "classes" in kw:
-        kw["classes"] = tuple(kw["classes"])
+    for key in ("classes", "latency_classes"):
+        if key in kw:
+            kw[key] = tuple(kw[key])
     return SpecConfig(**kw)

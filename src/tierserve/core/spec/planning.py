@@ -38,6 +38,7 @@ def plan_drafts(s: Scheduler, plan: StepPlan) -> None:
     coef = s.step_time.coefficients
     work = plan.total_work()
     step_s, tokens = coef.seconds(work), work.tokens
+    base_rate = tokens / step_s if step_s > 0 else None  # before anyone's drafts
     alone = len(s.running) == 1 and len(s.policy) == 0 and not s.swapped
     cfg = spec.config
     for req in sorted(decodes, key=s.policy.traits.rank):
@@ -62,12 +63,14 @@ def plan_drafts(s: Scheduler, plan: StepPlan) -> None:
         # The rule first (plain arithmetic), the drafter only where drafts could pay: a large
         # batch never pays for a lookup per request.
         alpha = spec.acceptance(req.priority)
-        k = pick_draft_len(alpha, room, tokens, step_s, extra)
+        floor = cfg.throughput_floor if req.priority in cfg.latency_classes else 1.0
+
+        k = pick_draft_len(alpha, room, tokens, step_s, extra, floor, base_rate)
         if k == 0:
             continue
         drafts = spec.drafter(req.all_token_ids, k)[:k]
         if len(drafts) < k:  # fewer found: still worth it?
-            k = pick_draft_len(alpha, len(drafts), tokens, step_s, extra)
+            k = pick_draft_len(alpha, len(drafts), tokens, step_s, extra, floor, base_rate)
             if k == 0:
                 continue
         ids = s.kv.allocate_slots(req, 1 + k)
