@@ -211,6 +211,14 @@ class SchedulerConfig:
     # P0's TTFT SLA (a P0 arriving meanwhile waits for it); None: sized by tokens only. Only
     # under a policy that serves P0 first (core/step_time.py).
     step_time_fraction: float | None = 0.4
+    # Predictive scheduling (core/predictive.py; off by default, see docs/scheduling.md):
+    # shortest predicted output first inside a class, no request passed by one arriving more
+    # than `predictive_order_s` seconds after it (0: arrival / deadline order); the full shift
+    # goes to a predicted output of `predictive_order_tokens` or more.
+    predictive_order_s: float = 0.0
+    predictive_order_tokens: int = 1024
+    # Admit only when prompt + predicted P90 output fits beside the class's running requests.
+    predictive_reserve: bool = False
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
@@ -221,6 +229,7 @@ class SchedulerConfig:
             "long_prefill_threshold",
             "long_prefill_max_tokens",
             "p0_express_min_gap",
+            "predictive_order_tokens",
         ):
             v = getattr(self, name)
             _check(isinstance(v, int) and v > 0, f"{name} must be a positive integer, got {v!r}")
@@ -230,6 +239,10 @@ class SchedulerConfig:
         )
         _check(
             self.swap_cost_ratio > 0, f"swap_cost_ratio must be positive: {self.swap_cost_ratio}"
+        )
+        _check(
+            isinstance(self.predictive_order_s, int | float) and self.predictive_order_s >= 0,
+            f"predictive_order_s must be >= 0 seconds (0: off), got {self.predictive_order_s!r}",
         )
         f = self.step_time_fraction
         _check(

@@ -29,6 +29,8 @@ from tierserve.core.kv import KVCacheManager
 from tierserve.core.kv.manager import NO_HITS
 from tierserve.core.limits import RequestLimits
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
+from tierserve.core.predict import LengthPredictor
+from tierserve.core.predictive import Predictive
 from tierserve.core.preemption import PreemptionCosts, PreemptionCounts
 from tierserve.core.queue_counts import QueueCounts
 from tierserve.core.stats import Preemption, SchedulerStats, scheduler_stats
@@ -50,7 +52,7 @@ from tierserve.request import FinishReason, Request, RequestStatus
 S = RequestStatus
 
 
-class Scheduler(QueueCounts, Preempting):
+class Scheduler(QueueCounts, Preempting, Predictive):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -58,6 +60,7 @@ class Scheduler(QueueCounts, Preempting):
         policy: Policy,
         clock: Clock,
         costs: PreemptionCosts | None = None,
+        predictor: LengthPredictor | None = None,
     ) -> None:
         self.config = config
         self.kv = kv
@@ -87,6 +90,7 @@ class Scheduler(QueueCounts, Preempting):
         self.step_bound_s = step_bound(config, policy)
         # (start, work, express?) of the step handed out, measured when its output comes back
         self._planned: tuple[float, StepWork, bool] | None = None
+        self._init_predictive(predictor)  # output lengths, learned and used (predictive.py)
 
     # -- intake ----------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
@@ -101,6 +105,7 @@ class Scheduler(QueueCounts, Preempting):
         self.validate(request)
         request.arrival_seq = next(self._seq)
         self.requests[request.request_id] = request
+        self._predict(request)
         self._enqueue(request, requeue=False)
 
     # -- the step --------------------------------------------------------------------------
@@ -244,11 +249,14 @@ class Scheduler(QueueCounts, Preempting):
                     self._preempt(req, plan)
 
     def _admit_waiting(self, plan: StepPlan, now: float, only_p0: bool = False) -> None:
+        due = self._reservations()  # None unless predictive_reserve
         while plan.budget > 0:
             req = self.policy.peek(self._state(now))
             if req is None or (only_p0 and req.priority != Priority.P0):
                 break
             computed = self.kv.get_computed_blocks(req)
+            if not self._reservation_fits(req, computed, due):
+                break  # its predicted KV does not fit beside its class's running requests
             n = self._tokens_for(req, plan, computed.num_tokens)
             if n == 0:
                 break  # the step has no time left for it
@@ -270,6 +278,7 @@ class Scheduler(QueueCounts, Preempting):
             self.running[req.request_id] = req
             plan.schedule(req, n, ids)
             self._served(req)
+            self._reserved(req, due)
 
     def _state(self, now: float) -> SchedulerState:
         by_class = [0] * NUM_PRIORITIES
@@ -333,6 +342,7 @@ class Scheduler(QueueCounts, Preempting):
         else:
             req.finish_reason = FinishReason.ABORT if status == S.ABORTED else FinishReason.ERROR
             req.error = reason
+        self._learn(req)
         return req
 
     def has_unfinished(self) -> bool:

@@ -67,6 +67,9 @@ class Policy(ABC):
         self.priorities = priorities or PriorityConfig()
         # Whether a class can ever hold a request's KV; the scheduler binds its RequestLimits.
         self.can_hold: Callable[[Request, Priority], bool] = lambda request, priority: True
+        # Seconds added to a waiting request's arrival (and deadline) in its class's order, in
+        # [0, aging bound]: predictive ordering binds it (core/predictive.py); 0: none.
+        self.work_shift: Callable[[Request], float] = lambda request: 0.0
 
     @cached_property
     def traits(self) -> PolicyTraits:
@@ -241,8 +244,9 @@ class ClassedPolicy(Policy):
         return d
 
     def order_key(self, request: Request, entered: float | None = None) -> tuple:
-        """Order inside a class: arrival (subclasses may use deadlines)."""
-        return arrival_key(request)
+        """Order inside a class: arrival, plus the predictive shift (subclasses may use
+        deadlines)."""
+        return (request.arrival_time + self.work_shift(request), request.arrival_seq)
 
     def queue_key(self, request: Request) -> tuple:
         entered = self._entered.get(request.request_id)
