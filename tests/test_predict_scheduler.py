@@ -317,3 +317,25 @@ def test_predictive_off_is_todays_schedule():
     b, eb = _run(specs, 1, policy="hybrid", num_blocks=80, mode="recompute")
     assert a == b
     assert replace(ea.scheduler.preemptions) == replace(eb.scheduler.preemptions)
+
+
+@pytest.mark.parametrize("policy", ["strict", "hybrid"])
+def test_a_held_back_head_does_not_hold_back_other_classes(policy):
+    """The reservation holds back a P1 request (its running P1 peer is expected to grow into
+    the memory it would need); a small P2 request behind it is admitted in the same step."""
+    eng, clock = build(policy=policy, num_blocks=40, cpu=0, seqs=8, reserve=True, parts=NO_PARTS)
+    peer = make_request(8, Priority.P1, max_tokens=80)  # 22 blocks when done
+    eng.add_request(peer)
+    eng.step()
+    clock.advance(0.01)
+    big = make_request(8, Priority.P1, max_tokens=80)
+    small = make_request(8, Priority.P2, max_tokens=4)
+    eng.add_request(big)
+    eng.add_request(small)
+    eng.step()
+    assert small.status == RequestStatus.RUNNING
+    assert big.status == RequestStatus.WAITING
+    assert eng.scheduler.reservation_waits >= 1
+    drain(eng, clock)
+    assert big.status == small.status == RequestStatus.FINISHED
+    assert eng.scheduler.preemptions.swap + eng.scheduler.preemptions.recompute == 0

@@ -250,13 +250,19 @@ class Scheduler(QueueCounts, Preempting, Predictive):
 
     def _admit_waiting(self, plan: StepPlan, now: float, only_p0: bool = False) -> None:
         due = self._reservations()  # None unless predictive_reserve
+        skip: set[int] = set()  # classes whose head the reservation holds back
         while plan.budget > 0:
-            req = self.policy.peek(self._state(now))
+            req = self.policy.peek(self._state(now, frozenset(skip)))
             if req is None or (only_p0 and req.priority != Priority.P0):
                 break
             computed = self.kv.get_computed_blocks(req)
             if not self._reservation_fits(req, computed, due):
-                break  # its predicted KV does not fit beside its class's running requests
+                # Its predicted KV does not fit beside the running requests: its class waits,
+                # the other classes may still be admitted (class-blind: everyone waits).
+                if not self.policy.traits.class_aware:
+                    break
+                skip.add(int(req.priority))
+                continue
             n = self._tokens_for(req, plan, computed.num_tokens)
             if n == 0:
                 break  # the step has no time left for it
@@ -280,7 +286,7 @@ class Scheduler(QueueCounts, Preempting, Predictive):
             self._served(req)
             self._reserved(req, due)
 
-    def _state(self, now: float) -> SchedulerState:
+    def _state(self, now: float, skip: frozenset[int] = frozenset()) -> SchedulerState:
         by_class = [0] * NUM_PRIORITIES
         for r in self.running.values():
             by_class[r.priority] += 1
@@ -289,6 +295,7 @@ class Scheduler(QueueCounts, Preempting, Predictive):
             idle_seats=self._seats(),
             running_by_class=tuple(by_class),
             headroom_by_class=tuple(self.kv.headroom(p) for p in Priority),
+            skip_classes=skip,
         )
 
     # -- results ---------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from tierserve.policies.traits import Pick, PolicySettings, PolicyTraits, arriva
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import Request, RequestStatus
 
+_EMPTY = ClassQueue()  # stands in for a skipped class's queue while a class is chosen
+
 __all__ = ["ClassedPolicy", "Policy", "SchedulerState", "VictimCandidate", "arrival_key"]
 
 
@@ -35,6 +37,9 @@ class SchedulerState:
     running_by_class: tuple[int, ...] = (0, 0, 0, 0)
     # Blocks each class could be charged now (partition headroom).
     headroom_by_class: tuple[int, ...] = (0, 0, 0, 0)
+    # Classes whose head cannot be admitted now (predictive reservation): choose among the
+    # others, as if these had nothing waiting (class-blind policies ignore it).
+    skip_classes: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -310,7 +315,7 @@ class ClassedPolicy(Policy):
 
     def peek(self, state: SchedulerState) -> Request | None:
         self.refresh(state.now)
-        pick = self._choose(state)
+        pick = self._choose_among(state)
         if pick is None:
             self._peeked = None
             return None
@@ -336,6 +341,19 @@ class ClassedPolicy(Policy):
         self._deadlines.pop(rid, None)
         self._charged.discard(rid)
         self._commit(pick, request, cost)
+
+    def _choose_among(self, state: SchedulerState) -> Pick | None:
+        """``_choose`` with the classes of ``state.skip_classes`` seen as empty."""
+        if not state.skip_classes:
+            return self._choose(state)
+        hidden = {c: self.queues[c] for c in state.skip_classes}
+        for c in hidden:
+            self.queues[c] = _EMPTY
+        try:
+            return self._choose(state)
+        finally:
+            for c, q in hidden.items():
+                self.queues[c] = q
 
     # -- aging -------------------------------------------------------------------------------
     def refresh(self, now: float) -> None:
