@@ -339,3 +339,21 @@ def test_a_held_back_head_does_not_hold_back_other_classes(policy):
     drain(eng, clock)
     assert big.status == small.status == RequestStatus.FINISHED
     assert eng.scheduler.preemptions.swap + eng.scheduler.preemptions.recompute == 0
+
+
+def test_predictive_ttft_counts_predicted_output_in_the_schedulers_record():
+    pred = LengthPredictor(PredictorConfig(min_weight=1))
+    for _ in range(3):
+        pred.observe(_templated(2, 900), 10, 0.0)  # template 2: 10 tokens
+    counts = {}
+    for on in (False, True):
+        eng, _ = build(seqs=1, predictor=pred)
+        eng.scheduler.config = replace(eng.scheduler.config, predictive_ttft=on)
+        running, waiting = _templated(2, 900), _templated(2, 900)
+        eng.add_request(running)
+        eng.step()
+        eng.add_request(waiting)
+        stats = eng.scheduler.make_stats(with_queue=True)
+        counts[on] = (stats.remaining_output, stats.queue.output_tokens)
+    assert counts[False] == (899, 900)  # what max_tokens allows
+    assert counts[True] == (9, 10)  # what is predicted

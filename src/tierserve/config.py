@@ -219,6 +219,8 @@ class SchedulerConfig:
     predictive_order_tokens: int = 1024
     # Admit only when prompt + predicted P90 output fits beside the class's running requests.
     predictive_reserve: bool = False
+    # The TTFT predictor (SLA admission, Retry-After) counts predicted output, not max_tokens.
+    predictive_ttft: bool = False
     check_invariants: bool = False
 
     def __post_init__(self) -> None:

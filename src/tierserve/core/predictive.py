@@ -20,6 +20,10 @@
   preempted by growth already admitted. With no running request of c or above it is admitted
   as before. A request that outruns its prediction is reserved nothing more and grows exactly
   as today (preempting by the usual rules).
+* Prediction for admission (``SchedulerConfig.predictive_ttft``): the scheduler's record
+  (core/stats.py) counts the running and waiting requests' output still to come as predicted
+  (P50) instead of as their ``max_tokens`` allows; the TTFT predictor of SLA admission and its
+  ``Retry-After`` read it from there (engine/load.py ``engine_shape``).
 """
 
 from __future__ import annotations
@@ -73,6 +77,15 @@ class Predictive:
         or has no prediction)."""
         p = self.predictions.get(request.request_id)
         return max(0, p.p50 - request.num_output_tokens) if p is not None else 0
+
+    def output_left(self, request: Request) -> int:
+        """Output tokens `request` may still produce, as the TTFT predictor counts them: what
+        its ``max_tokens`` allows, or with ``predictive_ttft`` what is predicted (P50, at least
+        one token while it runs, never above what ``max_tokens`` allows)."""
+        allowed = max(0, request.sampling_params.max_tokens - request.num_output_tokens)
+        if not self.config.predictive_ttft or request.request_id not in self.predictions:
+            return allowed
+        return min(allowed, max(1, self.predicted_remaining(request)))
 
     def _work_shift(self, request: Request) -> float:
         cfg = self.config

@@ -67,6 +67,7 @@ class SimConfig:
     # Predictive scheduling (SchedulerConfig.predictive_*; core/predictive.py)
     predictive_order_s: float = 0.0
     predictive_reserve: bool = False
+    predictive_ttft: bool = False
 
     @property
     def label(self) -> str:
@@ -102,6 +103,7 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
             step_time_fraction=cfg.step_time_fraction,
             predictive_order_s=cfg.predictive_order_s,
             predictive_reserve=cfg.predictive_reserve,
+            predictive_ttft=cfg.predictive_ttft,
         ),
         replace(policy_for_sla_admission(policy), sla_urgency_fraction=cfg.sla_urgency_fraction)
         if cfg.admission.sla_admission
@@ -195,6 +197,7 @@ def run_simulation(
             "step_time_fraction": cfg.step_time_fraction,
             "predictive_order_s": cfg.predictive_order_s,
             "predictive_reserve": cfg.predictive_reserve,
+            "predictive_ttft": cfg.predictive_ttft,
             "max_retries": cfg.max_retries,
             "demote_tenants": list(cfg.demote_tenants),
             "end_early_tenants": list(cfg.end_early_tenants),
