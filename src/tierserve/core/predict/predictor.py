@@ -57,6 +57,7 @@ class ClassError:
     n: int = 0
     abs_error: DecayingHistogram | None = None
     within_p90: int = 0
+    cold: int = 0  # finished with a cold-start guess (max_tokens), not counted in the error
 
     def summary(self) -> dict:
         h = self.abs_error
@@ -65,6 +66,7 @@ class ClassError:
             "abs_error_p50": round(h.quantile(0.5), 1) if h else 0.0,
             "abs_error_p90": round(h.quantile(0.9), 1) if h else 0.0,
             "within_p90": round(self.within_p90 / self.n, 4) if self.n else None,
+            "cold": self.cold,
         }
 
 
@@ -115,8 +117,10 @@ class LengthPredictor:
         for key in Features.of(request).key_chain():
             self._sketch(key, create=True).add(output_tokens, now, half)
         self.observed += 1
-        if predicted is not None:
-            e = self.errors[int(request.base_priority)]
+        e = self.errors[int(request.base_priority)]
+        if predicted is not None and predicted.level == "none":
+            e.cold += 1
+        elif predicted is not None:
             if e.abs_error is None:
                 e.abs_error = DecayingHistogram()
             e.n += 1
@@ -124,8 +128,8 @@ class LengthPredictor:
             e.within_p90 += output_tokens <= predicted.p90
 
     def error_stats(self) -> dict[str, dict]:
-        """Per class ("P0".."P3"): predictions checked, |actual - P50| at P50 and P90, and the
-        share of requests that stayed within their P90."""
+        """Per class ("P0".."P3"): predictions checked, |actual - P50| at P50 and P90, the
+        share of requests that stayed within their P90, and the cold starts (not counted)."""
         return {f"P{c}": e.summary() for c, e in enumerate(self.errors)}
 
     # -- state ---------------------------------------------------------------------------------
