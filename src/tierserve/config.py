@@ -217,6 +217,16 @@ class SchedulerConfig:
     # (None: off, the default: it costs background throughput, docs/scheduling.md)
     p0_calm_fraction: float | None = None
     p0_recent_s: float = 10.0
+    # Predictive scheduling (core/predictive.py; off by default, see docs/scheduling.md):
+    # shortest predicted output first inside a class, no request passed by one arriving more
+    # than `predictive_order_s` seconds after it (0: arrival / deadline order); the full shift
+    # goes to a predicted output of `predictive_order_tokens` or more.
+    predictive_order_s: float = 0.0
+    predictive_order_tokens: int = 1024
+    # Admit only when prompt + predicted P90 output fits beside the class's running requests.
+    predictive_reserve: bool = False
+    # The TTFT predictor (SLA admission, Retry-After) counts predicted output, not max_tokens.
+    predictive_ttft: bool = False
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
@@ -227,6 +237,7 @@ class SchedulerConfig:
             "long_prefill_threshold",
             "long_prefill_max_tokens",
             "p0_express_min_gap",
+            "predictive_order_tokens",
         ):
             v = getattr(self, name)
             _check(isinstance(v, int) and v > 0, f"{name} must be a positive integer, got {v!r}")
@@ -236,6 +247,10 @@ class SchedulerConfig:
         )
         _check(
             self.swap_cost_ratio > 0, f"swap_cost_ratio must be positive: {self.swap_cost_ratio}"
+        )
+        _check(
+            isinstance(self.predictive_order_s, int | float) and self.predictive_order_s >= 0,
+            f"predictive_order_s must be >= 0 seconds (0: off), got {self.predictive_order_s!r}",
         )
         f = self.step_time_fraction
         _check(

@@ -30,6 +30,8 @@ from tierserve.core.kv import KVCacheManager
 from tierserve.core.kv.manager import NO_HITS
 from tierserve.core.limits import RequestLimits
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
+from tierserve.core.predict import LengthPredictor
+from tierserve.core.predictive import Predictive
 from tierserve.core.preemption import PreemptionCosts, PreemptionCounts
 from tierserve.core.queue_counts import QueueCounts
 from tierserve.core.spec import Speculation
@@ -53,7 +55,7 @@ from tierserve.request import FinishReason, Request, RequestStatus
 S = RequestStatus
 
 
-class Scheduler(QueueCounts, Preempting):
+class Scheduler(QueueCounts, Preempting, Predictive):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -62,6 +64,7 @@ class Scheduler(QueueCounts, Preempting):
         clock: Clock,
         costs: PreemptionCosts | None = None,
         speculation: Speculation | None = None,
+        predictor: LengthPredictor | None = None,
     ) -> None:
         self.config = config
         self.speculation = speculation  # None: no speculative decoding
@@ -94,6 +97,7 @@ class Scheduler(QueueCounts, Preempting):
         self.calm = CalmSteps(config.p0_calm_fraction, config.p0_recent_s, p0_sla)
         # (start, work, express?) of the step handed out, measured when its output comes back
         self._planned: tuple[float, StepWork, bool] | None = None
+        self._init_predictive(predictor)  # output lengths, learned and used (predictive.py)
 
     # -- intake ----------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
@@ -109,6 +113,7 @@ class Scheduler(QueueCounts, Preempting):
         request.arrival_seq = next(self._seq)
         self.requests[request.request_id] = request
         self.calm.on_arrival(request, self.clock.now())
+        self._predict(request)
         self._enqueue(request, requeue=False)
 
     # -- the step --------------------------------------------------------------------------
@@ -259,11 +264,20 @@ class Scheduler(QueueCounts, Preempting):
                     self._preempt(req, plan)
 
     def _admit_waiting(self, plan: StepPlan, now: float, only_p0: bool = False) -> None:
+        due = self._reservations()  # None unless predictive_reserve
+        skip: set[int] = set()  # classes whose head the reservation holds back
         while plan.budget > 0:
-            req = self.policy.peek(self._state(now))
+            req = self.policy.peek(self._state(now, frozenset(skip)))
             if req is None or (only_p0 and req.priority != Priority.P0):
                 break
             computed = self.kv.get_computed_blocks(req)
+            if not self._reservation_fits(req, computed, due):
+                # Its predicted KV does not fit beside the running requests: its class waits,
+                # the other classes may still be admitted (class-blind: everyone waits).
+                if not self.policy.traits.class_aware:
+                    break
+                skip.add(int(req.priority))
+                continue
             n = self._tokens_for(req, plan, computed.num_tokens)
             if n == 0:
                 break  # the step has no time left for it
@@ -285,8 +299,9 @@ class Scheduler(QueueCounts, Preempting):
             self.running[req.request_id] = req
             plan.schedule(req, n, ids)
             self._served(req)
+            self._reserved(req, due)
 
-    def _state(self, now: float) -> SchedulerState:
+    def _state(self, now: float, skip: frozenset[int] = frozenset()) -> SchedulerState:
         by_class = [0] * NUM_PRIORITIES
         for r in self.running.values():
             by_class[r.priority] += 1
@@ -295,6 +310,7 @@ class Scheduler(QueueCounts, Preempting):
             idle_seats=self._seats(),
             running_by_class=tuple(by_class),
             headroom_by_class=tuple(self.kv.headroom(p) for p in Priority),
+            skip_classes=skip,
         )
 
     # -- results ---------------------------------------------------------------------------
@@ -356,6 +372,7 @@ class Scheduler(QueueCounts, Preempting):
         else:
             req.finish_reason = FinishReason.ABORT if status == S.ABORTED else FinishReason.ERROR
             req.error = reason
+        self._learn(req)
         return req
 
     def has_unfinished(self) -> bool:

@@ -56,7 +56,7 @@ class QueueStats:
     tenant_counters: tuple[tuple[tuple[str, float], ...], ...]  # per class, by tenant name
     class_tags: tuple[float, ...] | None
     requests: tuple[int, ...] = (0,) * NUM_PRIORITIES  # waiting requests, by class now
-    output_tokens: int = 0  # the waiting requests' max_tokens, summed
+    output_tokens: int = 0  # waiting requests' output to come (max_tokens; predictive_ttft: P50)
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class SchedulerStats:
     # Tokens still to compute: waiting prompts, and running and swapped requests' rest.
     outstanding_tokens: int
     decode_context: int  # running requests' tokens (prompt + output so far), summed
-    remaining_output: int  # running requests' output tokens still allowed, summed
+    remaining_output: int  # running requests' output still to come (as output_tokens), summed
     # Hashes of running requests' first PREFIX_BLOCKS computed blocks (all in the prefix
     # cache), with how many running requests hold each, most held first.
     prefix_counts: tuple[tuple[bytes, int], ...]
@@ -116,7 +116,7 @@ def scheduler_stats(s: Scheduler, with_queue: bool = False) -> SchedulerStats:
             prefill_now[now] += left
         outstanding += left + r.sampling_params.max_tokens - r.num_output_tokens
         context += r.num_tokens
-        remaining += max(0, r.sampling_params.max_tokens - r.num_output_tokens)
+        remaining += s.output_left(r)
         prefixes.update(r.block_hashes[: min(PREFIX_BLOCKS, done // bs)])
     for r in s.swapped.values():
         outstanding += r.num_tokens - r.num_computed_tokens
@@ -160,7 +160,7 @@ def queue_stats(s: Scheduler) -> QueueStats:
         own = n if r.base_priority == c else 0
         waiting[c] += n
         requests[c] += 1
-        outputs += r.sampling_params.max_tokens
+        outputs += s.output_left(r)
         promoted[c] += n - own
         if fair:
             t = by_tenant[c].setdefault(r.tenant, [0, 0])

@@ -23,6 +23,8 @@ from tierserve.policies.traits import Pick, PolicySettings, PolicyTraits, arriva
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import Request, RequestStatus
 
+_EMPTY = ClassQueue()  # stands in for a skipped class's queue while a class is chosen
+
 __all__ = ["ClassedPolicy", "Policy", "SchedulerState", "VictimCandidate", "arrival_key"]
 
 
@@ -35,6 +37,9 @@ class SchedulerState:
     running_by_class: tuple[int, ...] = (0, 0, 0, 0)
     # Blocks each class could be charged now (partition headroom).
     headroom_by_class: tuple[int, ...] = (0, 0, 0, 0)
+    # Classes whose head cannot be admitted now (predictive reservation): choose among the
+    # others, as if these had nothing waiting (class-blind policies ignore it).
+    skip_classes: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,9 @@ class Policy(ABC):
         self.priorities = priorities or PriorityConfig()
         # Whether a class can ever hold a request's KV; the scheduler binds its RequestLimits.
         self.can_hold: Callable[[Request, Priority], bool] = lambda request, priority: True
+        # Seconds added to a waiting request's arrival (and deadline) in its class's order, in
+        # [0, aging bound]: predictive ordering binds it (core/predictive.py); 0: none.
+        self.work_shift: Callable[[Request], float] = lambda request: 0.0
 
     @cached_property
     def traits(self) -> PolicyTraits:
@@ -241,8 +249,9 @@ class ClassedPolicy(Policy):
         return d
 
     def order_key(self, request: Request, entered: float | None = None) -> tuple:
-        """Order inside a class: arrival (subclasses may use deadlines)."""
-        return arrival_key(request)
+        """Order inside a class: arrival, plus the predictive shift (subclasses may use
+        deadlines)."""
+        return (request.arrival_time + self.work_shift(request), request.arrival_seq)
 
     def queue_key(self, request: Request) -> tuple:
         entered = self._entered.get(request.request_id)
@@ -306,7 +315,7 @@ class ClassedPolicy(Policy):
 
     def peek(self, state: SchedulerState) -> Request | None:
         self.refresh(state.now)
-        pick = self._choose(state)
+        pick = self._choose_among(state)
         if pick is None:
             self._peeked = None
             return None
@@ -332,6 +341,19 @@ class ClassedPolicy(Policy):
         self._deadlines.pop(rid, None)
         self._charged.discard(rid)
         self._commit(pick, request, cost)
+
+    def _choose_among(self, state: SchedulerState) -> Pick | None:
+        """``_choose`` with the classes of ``state.skip_classes`` seen as empty."""
+        if not state.skip_classes:
+            return self._choose(state)
+        hidden = {c: self.queues[c] for c in state.skip_classes}
+        for c in hidden:
+            self.queues[c] = _EMPTY
+        try:
+            return self._choose(state)
+        finally:
+            for c, q in hidden.items():
+                self.queues[c] = q
 
     # -- aging -------------------------------------------------------------------------------
     def refresh(self, now: float) -> None:

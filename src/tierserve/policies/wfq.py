@@ -74,12 +74,15 @@ class _SFQPolicy(ClassedPolicy):
     def order_key(self, request: Request, entered: float | None = None) -> tuple:
         # Inside a class: the class's own requests before ones promoted into it by aging (aging
         # raises a request's share, not its precedence over on-time traffic of that class), then
-        # earliest deadline first (no SLA: last), then arrival.
+        # earliest deadline first (no SLA: last), then arrival; both shifted by the predictive
+        # shift (0 unless predictive ordering is on: then shorter predicted work first among
+        # requests due / arrived within the aging bound of each other).
         promoted = request.priority != request.base_priority
+        shift = self.work_shift(request)
         return (
             promoted,
-            self.deadline(request, entered),
-            request.arrival_time,
+            self.deadline(request, entered) + shift,
+            request.arrival_time + shift,
             request.arrival_seq,
         )
 

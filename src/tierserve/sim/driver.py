@@ -25,7 +25,7 @@ from tierserve.admission.sla import retry_after_seconds
 from tierserve.engine.core import EngineCore, StepStats
 from tierserve.engine.load import LateRequestCheck
 from tierserve.priority import Priority
-from tierserve.request import Request, RequestStatus
+from tierserve.request import FinishReason, Request, RequestStatus
 from tierserve.sim.events import EventKind, EventQueue
 from tierserve.sim.workload import Workload
 
@@ -173,7 +173,9 @@ class EngineFeed:
         rec.finish = when
         rec.output_tokens = req.num_output_tokens
         rec.preemptions = req.num_preemptions
-        truncated = req.num_output_tokens < req.sampling_params.max_tokens
+        # Ended by EOS (a drawn length), or by max_tokens; "length" short of it: cut off.
+        ended = req.finish_reason == FinishReason.STOP
+        truncated = not ended and req.num_output_tokens < req.sampling_params.max_tokens
         ok = req.status == RequestStatus.FINISHED and not truncated
         rec.outcome = "completed" if ok else "failed"
         self.on_finish(when)

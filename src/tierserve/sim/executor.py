@@ -17,7 +17,8 @@ from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts
 from tierserve.sim.cost_model import CostModel
 
-SIM_TOKEN = 1  # every simulated token; outputs end by max_tokens (ignore_eos)
+SIM_TOKEN = 1  # every simulated token; outputs end by max_tokens (ignore_eos) ...
+SIM_EOS = 2  # ... or, for a request with a drawn length (`output_lengths`), by this token
 
 
 @dataclass
@@ -53,6 +54,10 @@ class SimExecutor:
         self.states: dict[str, _State] = {}
         self.totals = SimTotals()
         self.last_step_s = 0.0
+        # Request id (a retry's "~n" suffix stripped) -> the output length at which the model
+        # samples SIM_EOS (the workload's draw; sim/heavy_tail.py). Absent: SIM_TOKEN forever.
+        self.output_lengths: dict[str, int] = {}
+        self._generated: dict[str, int] = {}
 
     def preemption_costs(self) -> PreemptionCosts:
         return PreemptionCosts(
@@ -96,7 +101,7 @@ class SimExecutor:
         self.last_step_s = seconds
         self.clock.advance(seconds)
         return ExecutorOutput(
-            sampled_token_ids={rid: SIM_TOKEN for rid in sampled},
+            sampled_token_ids={rid: self._token(rid) for rid in sampled},
             logprobs={rid: 0.0 for rid in sampled},
             accepted_token_ids=accepted,
             accepted_logprobs={rid: [0.0] * len(a) for rid, a in accepted.items()},
@@ -104,11 +109,29 @@ class SimExecutor:
         )
 
     def _accepted(self, rid: str, k: int) -> int:
+        """Drafts accepted of k (each with the class's probability, none after a rejection),
+        never past the token before the drawn EOS (the verified token may be that EOS)."""
         p = self.acceptance[self.classes.get(rid, 1)]
         a = 0
         while a < k and self._rng.random() < p:
             a += 1
+        target = self.output_lengths.get(rid.split("~")[0]) if self.output_lengths else None
+        if target is not None:
+            done = self._generated.get(rid, 0)
+            a = max(0, min(a, target - 1 - done))
+            self._generated[rid] = done + a
         return a
+
+    def _token(self, rid: str) -> int:
+        target = self.output_lengths.get(rid.split("~")[0]) if self.output_lengths else None
+        if target is None:
+            return SIM_TOKEN
+        n = self._generated.get(rid, 0) + 1
+        if n >= target:
+            self._generated.pop(rid, None)
+            return SIM_EOS
+        self._generated[rid] = n
+        return SIM_TOKEN
 
 
 def sim_drafter(tokens: list[int], k: int) -> list[int]:

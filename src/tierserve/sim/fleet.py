@@ -36,7 +36,7 @@ from tierserve.sim.events import EventKind, EventQueue
 from tierserve.sim.executor import SimExecutor
 from tierserve.sim.runner import SimConfig, build
 from tierserve.sim.stats import run_stats
-from tierserve.sim.workload import Workload
+from tierserve.sim.workload import Workload, make_workload
 
 
 @dataclass(frozen=True)
@@ -175,9 +175,10 @@ def run_fleet(cfg: FleetConfig) -> dict:
     t0 = time.perf_counter()
     sim, w = cfg.sim, cfg.sim.workload
     replicas = build_fleet(cfg)
-    result = drive_fleet(
-        replicas, Workload(w), fleet_router(cfg.router, cfg.routing), sim.block_size
-    )
+    wl = make_workload(w)
+    for r in replicas:
+        r.executor.output_lengths = wl.output_lengths
+    result = drive_fleet(replicas, wl, fleet_router(cfg.router, cfg.routing), sim.block_size)
     lo, hi = w.warmup_s, w.duration_s
     out = run_stats(result, lo, hi, sim.priorities)
     # Busy time inside the window, each step clipped to it.

@@ -26,7 +26,7 @@ from tierserve.sim.driver import DriveResult, SlaClients, drive
 from tierserve.sim.executor import SimExecutor, sim_drafter
 from tierserve.sim.profiles import load_hardware, load_model_profile
 from tierserve.sim.stats import run_stats
-from tierserve.sim.workload import Workload, WorkloadConfig
+from tierserve.sim.workload import Workload, WorkloadConfig, make_workload
 
 # Deep queues: the seed table measures latency under load, not admission refusals.
 SIM_ADMISSION = AdmissionConfig(
@@ -69,6 +69,10 @@ class SimConfig:
     # Speculative decoding (None: off) and the workload's per-draft acceptance, per class.
     speculative: SpecConfig | None = None
     spec_acceptance: tuple[float, ...] = (0.7, 0.7, 0.7, 0.7)
+    # Predictive scheduling (SchedulerConfig.predictive_*; core/predictive.py)
+    predictive_order_s: float = 0.0
+    predictive_reserve: bool = False
+    predictive_ttft: bool = False
 
     @property
     def label(self) -> str:
@@ -103,6 +107,9 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
             p0_express=cfg.p0_express,
             step_time_fraction=cfg.step_time_fraction,
             p0_calm_fraction=cfg.p0_calm_fraction,
+            predictive_order_s=cfg.predictive_order_s,
+            predictive_reserve=cfg.predictive_reserve,
+            predictive_ttft=cfg.predictive_ttft,
         ),
         replace(policy_for_sla_admission(policy), sla_urgency_fraction=cfg.sla_urgency_fraction)
         if cfg.admission.sla_admission
@@ -138,7 +145,8 @@ def run_simulation(
     not JSON); `workload` replaces the one `cfg.workload` describes (made from it)."""
     t0 = time.perf_counter()
     engine, ex, cost = build(cfg)
-    wl = workload or Workload(cfg.workload)
+    wl = workload or make_workload(cfg.workload)
+    ex.output_lengths = wl.output_lengths
     adm = cfg.admission
     admission = AdmissionController(adm, CoreQueueView(engine), engine.clock, cfg.priorities)
     sla = SlaClients(
@@ -180,6 +188,8 @@ def run_simulation(
         },
         p0_express_steps=sched.express_steps,
         speculation=asdict(sched.speculation.counts) if sched.speculation else None,
+        predictor_error=sched.predictor.error_stats(),
+        reservation_waits=sched.reservation_waits,
         prefix_hit_rate={p.label: round(kv.hit_rate(p), 4) for p in Priority},
         kv_blocks=sched.kv.pool.num_blocks,
         kv_usage_series=_kv_series(result, cfg.kv_sample_points),
@@ -193,6 +203,9 @@ def run_simulation(
             "preemption_mode": cfg.preemption_mode,
             "p0_express": cfg.p0_express,
             "step_time_fraction": cfg.step_time_fraction,
+            "predictive_order_s": cfg.predictive_order_s,
+            "predictive_reserve": cfg.predictive_reserve,
+            "predictive_ttft": cfg.predictive_ttft,
             "max_retries": cfg.max_retries,
             "demote_tenants": list(cfg.demote_tenants),
             "end_early_tenants": list(cfg.end_early_tenants),

@@ -63,6 +63,8 @@ def class_stats(result: DriveResult, prio: Priority, lo: float, hi: float, sla: 
         "ttft_p50_s": percentile(ttft, 50),
         "ttft_p95_s": percentile(ttft, 95),
         "ttft_p99_s": percentile(ttft, 99),
+        "ttft_mean_s": sum(ttft) / len(ttft) if ttft else None,
+        "ttft_max_s": max(ttft) if ttft else None,  # the worst wait for a first token
         "tpot_p50_s": percentile(tpot, 50),
         "tpot_p95_s": percentile(tpot, 95),
         "e2e_p50_s": percentile(e2e, 50),

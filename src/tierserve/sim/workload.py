@@ -69,6 +69,9 @@ class WorkloadConfig:
     seed: int = 0
     vocab_size: int = 32000
     tenants: int = 4
+    # "classes": per-class lengths (above), every output runs to its max_tokens; "heavy_tail":
+    # per-tenant templates with lognormal / mixture lengths ending by EOS (sim/heavy_tail.py)
+    lengths: str = "classes"
 
     def __post_init__(self) -> None:
         if len(self.mix) != 4 or any(m < 0 for m in self.mix) or sum(self.mix) <= 0:
@@ -77,6 +80,8 @@ class WorkloadConfig:
             raise ValueError(f"arrival must be closed, poisson or gamma, got {self.arrival!r}")
         if self.warmup_s >= self.duration_s:
             raise ValueError("warmup_s must be shorter than duration_s")
+        if self.lengths not in ("classes", "heavy_tail"):
+            raise ValueError(f"lengths must be classes or heavy_tail, got {self.lengths!r}")
 
 
 class Workload:
@@ -88,6 +93,9 @@ class Workload:
         self._n = 0
         total = sum(cfg.mix)
         self._cum = [sum(cfg.mix[: i + 1]) / total for i in range(4)]
+        # Request id -> the output length at which the simulated model samples EOS (empty:
+        # every output runs to its max_tokens).
+        self.output_lengths: dict[str, int] = {}
 
     def _class(self) -> Priority:
         u = self.rng.random()
@@ -127,6 +135,15 @@ class Workload:
             return self.rng.expovariate(cfg.rate)
         shape = 1.0 / (cfg.gamma_cv**2)
         return self.rng.gammavariate(shape, 1.0 / (cfg.rate * shape))
+
+
+def make_workload(cfg: WorkloadConfig) -> Workload:
+    """The workload `cfg` describes (its ``lengths`` choose the kind)."""
+    if cfg.lengths == "heavy_tail":
+        from tierserve.sim.heavy_tail import HeavyTailWorkload
+
+        return HeavyTailWorkload(cfg)
+    return Workload(cfg)
 
 
 class ProbedFlood(Workload):

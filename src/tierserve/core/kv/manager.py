@@ -107,6 +107,11 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._get_held(request_id).blocks]
 
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks `request_id` holds on the device (0 when it holds none)."""
+        held = self._held.get(request_id)
+        return len(held.blocks) if held else 0
+
     def num_swapped_blocks(self, request_id: str) -> int:
         return len(self._swapped[request_id].cpu_block_ids)
 

@@ -1,0 +1,60 @@
+"""The predictor's state on disk: one JSON file under the cache dir, written atomically.
+
+``$TIERSERVE_CACHE_DIR/predictor/lengths.json`` by default (the cache dir as the autotune cache
+and the simulator's profiles find it, tierserve/paths.py). A missing file is a cold start; a
+corrupt or foreign one is ignored with a warning (logged, and returned), never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from tierserve.core.predict.predictor import LengthPredictor
+from tierserve.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+
+def default_path() -> Path:
+    return cache_dir() / "predictor" / "lengths.json"
+
+
+def load_state(predictor: LengthPredictor, path: Path | None = None) -> str | None:
+    """Restore `predictor` from `path`. Returns None when restored or when there is no file;
+    else the warning (the file is left alone and the predictor starts cold)."""
+    path = path or default_path()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        msg = f"predictor state {path} unreadable ({e.strerror}); starting cold"
+        log.warning(msg)
+        return msg
+    try:
+        predictor.restore(json.loads(text))
+    except (ValueError, TypeError, AttributeError, RecursionError) as e:
+        msg = f"predictor state {path} is corrupt ({e}); ignored, starting cold"
+        log.warning(msg)
+        return msg
+    return None
+
+
+def save_state(predictor: LengthPredictor, path: Path | None = None) -> Path:
+    """Write `predictor`'s state to `path` (temporary file + rename: a crash mid-write leaves
+    the old file). Returns the path."""
+    path = path or default_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".lengths-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(predictor.to_json(), f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,159 @@
+"""What the scheduler does with the output-length predictor (core/predict). Mixed into
+``Scheduler``.
+
+* Learning (always on): a request's P50/P90 are predicted when it is added and kept while it
+  lives; when it finishes normally (EOS, a stop, or its ``max_tokens``) its real length teaches
+  the predictor and the prediction's error is recorded. Aborted, failed or cut-off requests
+  teach nothing (their length is not what the model would have produced).
+* Order inside a class (``SchedulerConfig.predictive_order_s`` = A > 0): the policy's in-class
+  key uses ``arrival + shift`` (and, with EDF, ``deadline + shift``), where
+  ``shift = A * min(1, predicted remaining output / predictive_order_tokens)``. Shorter predicted
+  work goes first among requests that arrived close together; since ``0 <= shift <= A``, **no
+  request is ever served after a request of its class (and tenant lane) that arrived more than
+  A seconds after it** (the aging bound).
+* Reservation (``SchedulerConfig.predictive_reserve``): a waiting request of class c (not P0) is
+  admitted only when its predicted blocks (prompt + P90 output, less its prefix hits) plus the
+  growth still expected of the running requests of c and of the classes above it (each to its
+  prompt + P50 output: the sum of many P90s would reserve for every tail at once) fit in what c
+  can use: its partition headroom plus the blocks held by running requests of less urgent
+  classes (which c may preempt). So neither the new request nor its peers are expected to be
+  preempted by growth already admitted. With no running request of c or above it is admitted
+  as before. A request that outruns its prediction is reserved nothing more and grows exactly
+  as today (preempting by the usual rules).
+* Prediction for admission (``SchedulerConfig.predictive_ttft``): the scheduler's record
+  (core/stats.py) counts the running and waiting requests' output still to come as predicted
+  (P50) instead of as their ``max_tokens`` allows; the TTFT predictor of SLA admission and its
+  ``Retry-After`` read it from there (engine/load.py ``engine_shape``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tierserve.core.kv.manager import ComputedBlocks
+from tierserve.core.predict import LengthPredictor, Prediction
+from tierserve.priority import NUM_PRIORITIES, Priority
+from tierserve.request import FinishReason, Request, RequestStatus
+
+if TYPE_CHECKING:
+    from tierserve.clock import Clock
+    from tierserve.config import SchedulerConfig
+    from tierserve.core.kv import KVCacheManager
+    from tierserve.policies import Policy
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+class Predictive:
+    config: SchedulerConfig
+    kv: KVCacheManager
+    policy: Policy
+    clock: Clock
+    running: dict[str, Request]
+
+    def _init_predictive(self, predictor: LengthPredictor | None) -> None:
+        self.predictor = predictor or LengthPredictor()
+        self.predictions: dict[str, Prediction] = {}  # live requests
+        self.reservation_waits = 0  # admissions held back by the reservation
+        if self.config.predictive_order_s > 0:
+            self.policy.work_shift = self._work_shift
+
+    def _predict(self, request: Request) -> None:
+        self.predictions[request.request_id] = self.predictor.predict(request, self.clock.now())
+
+    def _learn(self, request: Request) -> None:
+        """`request` left the scheduler: learn its length if it ended the model's way."""
+        p = self.predictions.pop(request.request_id, None)
+        if p is None or request.status != RequestStatus.FINISHED:
+            return
+        n = request.num_output_tokens
+        if request.finish_reason == FinishReason.STOP or n >= request.sampling_params.max_tokens:
+            self.predictor.observe(request, n, self.clock.now(), p)
+
+    def predicted_remaining(self, request: Request) -> int:
+        """Output tokens `request` is predicted to still produce (P50; 0 when it has outrun it
+        or has no prediction)."""
+        p = self.predictions.get(request.request_id)
+        return max(0, p.p50 - request.num_output_tokens) if p is not None else 0
+
+    def output_left(self, request: Request) -> int:
+        """Output tokens `request` may still produce, as the TTFT predictor counts them: what
+        its ``max_tokens`` allows, or with ``predictive_ttft`` what is predicted (P50, at least
+        one token while it runs, never above what ``max_tokens`` allows)."""
+        allowed = max(0, request.sampling_params.max_tokens - request.num_output_tokens)
+        if not self.config.predictive_ttft or request.request_id not in self.predictions:
+            return allowed
+        return min(allowed, max(1, self.predicted_remaining(request)))
+
+    def _work_shift(self, request: Request) -> float:
+        cfg = self.config
+        work = self.predicted_remaining(request)
+        return cfg.predictive_order_s * min(1.0, work / cfg.predictive_order_tokens)
+
+    # -- reservation ---------------------------------------------------------------------------
+    def _future_blocks(self, request: Request) -> int:
+        """Blocks running `request` is still expected to need beyond what it holds (prompt +
+        P50 output; nothing once it has outrun its P50)."""
+        if request.request_id not in self.predictions:
+            return 0
+        p = self._refresh(request)
+        total = request.num_prompt_tokens + max(p.p50, request.num_output_tokens)
+        held = (
+            len(self.kv.block_ids(request.request_id)) if self.kv.holds(request.request_id) else 0
+        )
+        return max(0, _blocks(total, self.kv.block_size) - held)
+
+    def _reservations(self) -> list[int] | None:
+        """Per class: predicted growth still due to its running requests (None: off)."""
+        if not self.config.predictive_reserve:
+            return None
+        due = [0] * NUM_PRIORITIES
+        for r in self.running.values():
+            due[self._reserve_class(r)] += self._future_blocks(r)
+        return due
+
+    def _reserve_class(self, request: Request) -> int:
+        return int(request.priority) if self.policy.traits.class_aware else 0
+
+    def _reservation_fits(
+        self, request: Request, computed: ComputedBlocks, due: list[int] | None
+    ) -> bool:
+        """Whether `request` may be admitted under the reservation (see the module doc)."""
+        aware = self.policy.traits.class_aware
+        if due is None or (request.priority == Priority.P0 and aware):
+            return True
+        c = self._reserve_class(request)
+        if not any(self._reserve_class(r) <= c for r in self.running.values()):
+            return True
+        p = self._refresh(request)
+        bs = self.kv.block_size
+        total = request.num_prompt_tokens + max(p.p90, request.num_output_tokens)
+        need = _blocks(total, bs) - computed.num_tokens // bs
+        room = self.kv.headroom(Priority(request.priority))
+        if aware:
+            room += sum(
+                self.kv.num_held_blocks(r.request_id)
+                for r in self.running.values()
+                if r.priority > request.priority
+            )
+        if need + sum(due[: c + 1]) <= room:
+            return True
+        self.reservation_waits += 1
+        return False
+
+    def _refresh(self, request: Request) -> Prediction:
+        """`request`'s prediction, made again if it was a cold start (the predictor may have
+        learned since it arrived)."""
+        p = self.predictions.get(request.request_id)
+        if p is None or p.level == "none":
+            p = self.predictions[request.request_id] = self.predictor.predict(
+                request, self.clock.now()
+            )
+        return p
+
+    def _reserved(self, request: Request, due: list[int] | None) -> None:
+        """`request` was admitted: its predicted growth is due to its class from now on."""
+        if due is not None:
+            due[self._reserve_class(request)] += self._future_blocks(request)

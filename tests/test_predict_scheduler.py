@@ -1,0 +1,359 @@
+"""Predictive scheduling in the scheduler (core/predictive.py): the engine teaches the predictor,
+shortest-predicted-first keeps its aging bound under adversarial arrivals, the reservation keeps
+same-class peers from preempting each other, and a wrong prediction never loses a request or
+breaks a KV invariant."""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import make_request
+from tests.test_engine_properties import CHEAP_SWAP, make_specs, to_request
+from tierserve.clock import ManualClock
+from tierserve.config import (
+    CacheConfig,
+    ConfigError,
+    PartitionConfig,
+    PolicyConfig,
+    SchedulerConfig,
+)
+from tierserve.core.predict import LengthPredictor, PredictorConfig
+from tierserve.engine import EngineCore
+from tierserve.executor.fake import FakeExecutor
+from tierserve.policies import create_policy
+from tierserve.policies.base import SchedulerState
+from tierserve.priority import Priority
+from tierserve.request import RequestStatus
+
+NO_PARTS = PartitionConfig(
+    p0_floor_min=0, p0_floor_max=0, p0_ceiling=1.0, p1_reserve=0, adaptive=False
+)
+
+
+def build(
+    policy="hybrid",
+    num_blocks=4096,
+    mode="recompute",
+    order_s=0.0,
+    reserve=False,
+    seqs=32,
+    budget=256,
+    cpu=64,
+    parts=None,
+    predictor=None,
+):
+    clock = ManualClock()
+    ex = FakeExecutor(num_blocks, 4, cpu, costs=CHEAP_SWAP if mode != "recompute" else None)
+    eng = EngineCore.build(
+        ex,
+        clock,
+        CacheConfig(4, num_blocks, cpu, partitions=parts or PartitionConfig(window_s=0.05)),
+        SchedulerConfig(
+            max_num_seqs=seqs,
+            max_num_batched_tokens=budget,
+            preemption_mode=mode,
+            check_invariants=True,
+            max_model_len=1024,
+            predictive_order_s=order_s,
+            predictive_reserve=reserve,
+        ),
+        PolicyConfig(name=policy),
+    )
+    if predictor is not None:
+        eng.scheduler.predictor = predictor
+    return eng, clock
+
+
+def drain(eng, clock, dt=0.01, limit=100_000):
+    n = 0
+    while eng.has_unfinished():
+        eng.step()
+        clock.advance(dt)
+        n += 1
+        assert n < limit
+
+
+# -- learning ------------------------------------------------------------------------------------
+def test_the_engine_teaches_the_predictor_and_records_its_error():
+    eng, clock = build()
+    pred = eng.scheduler.predictor
+    done = []
+    for i in range(12):
+        r = make_request(8, Priority.P2, max_tokens=5 + (i % 3), tenant="a")
+        eng.add_request(r)
+        done.append(r)
+    aborted = make_request(8, Priority.P2, max_tokens=500, tenant="a")
+    eng.add_request(aborted)
+    eng.step()
+    eng.abort_request(aborted.request_id)
+    drain(eng, clock)
+    assert all(r.status == RequestStatus.FINISHED for r in done)
+    assert pred.observed == 12  # the aborted request taught nothing
+    assert eng.scheduler.predictions == {}  # nothing kept for requests that left
+    err = pred.error_stats()["P2"]
+    assert err["n"] + err["cold"] == 12 and err["cold"] >= 1  # all arrived before any finished
+    nxt = make_request(8, Priority.P2, max_tokens=4000, tenant="a")
+    p = pred.predict(nxt, clock.now())
+    assert p.level != "none" and 5 <= p.p50 <= p.p90 <= 8
+
+
+def test_predictive_settings_are_validated():
+    with pytest.raises(ConfigError, match="predictive_order_s"):
+        SchedulerConfig(predictive_order_s=-1)
+    with pytest.raises(ConfigError, match="predictive_order_tokens"):
+        SchedulerConfig(predictive_order_tokens=0)
+
+
+# -- order: the aging bound ----------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["strict", "drr", "wfq", "hybrid"]),
+    st.floats(0.1, 5.0),
+    st.lists(st.tuples(st.floats(0.0, 20.0), st.floats(0.0, 1.0)), min_size=2, max_size=40),
+)
+def test_no_request_is_passed_by_one_arriving_more_than_the_bound_later(policy, bound, arrivals):
+    """Adversarial arrivals and shifts anywhere in [0, bound]: whatever is served first, no
+    request is served after one of its class that arrived more than `bound` s after it."""
+    pol = create_policy(PolicyConfig(name=policy, aging=False))
+    shift = {}
+    reqs = []
+    for t, f in arrivals:
+        r = make_request(8, Priority.P1, arrival=t)
+        shift[r.request_id] = f * bound
+        reqs.append(r)
+    pol.work_shift = lambda r: shift[r.request_id]
+    for r in sorted(reqs, key=lambda r: r.arrival_time):
+        pol.add(r)
+    order = []
+    while (r := pol.pop_next(SchedulerState(now=100.0))) is not None:
+        order.append(r)
+    assert len(order) == len(reqs)
+    for i, a in enumerate(order):
+        for b in order[i + 1 :]:
+            assert a.arrival_time <= b.arrival_time + bound + 1e-9
+
+
+def _templated(system: int, max_tokens: int, now: float = 0.0):
+    """A P1 request of tenant "a" whose 32-token system prompt is `system` repeated: the
+    template the predictor keys on."""
+    rid = make_request(1).request_id + "-t"
+    tail = [zlib.crc32(rid.encode()) % 900 + 100]
+    return make_request(
+        tokens=[system] * 32 + tail, max_tokens=max_tokens, tenant="a", arrival=now, request_id=rid
+    )
+
+
+def test_shortest_predicted_goes_first_within_the_bound_and_never_starves():
+    """An engine with one seat, a long request first and then a short one every 0.1 s forever
+    (adversarial): the shorts pass the long one only while they arrive within the bound."""
+    bound = 0.5
+    pred = LengthPredictor(PredictorConfig(min_weight=1))
+    eng, clock = build(order_s=bound, seqs=1, predictor=pred)
+    for system, n in ((2, 2), (3, 900)):  # template 2: 2 tokens; template 3: 900 (~full shift)
+        for _ in range(3):
+            pred.observe(_templated(system, n), n, 0.0)
+    blocker = _templated(2, 30)
+    eng.add_request(blocker)
+    eng.step()  # holds the only seat for 30 steps (0.3 s)
+    long = _templated(3, 900, clock.now())
+    eng.add_request(long)
+    shorts = []
+    t = 0
+    while long.first_scheduled_time is None:
+        t += 1
+        assert t < 10_000
+        if t % 10 == 0:
+            r = _templated(2, 2, clock.now())
+            eng.add_request(r)
+            shorts.append(r)
+        eng.step()
+        clock.advance(0.01)
+    passed = [r for r in shorts if r.first_scheduled_time is not None]
+    assert passed, "shorter predicted work never went first"
+    assert all(r.arrival_time <= long.arrival_time + bound + 1e-9 for r in passed)
+    assert long.first_scheduled_time <= long.arrival_time + 0.3 + bound + 0.05
+    drain(eng, clock)
+
+
+# -- reservation ---------------------------------------------------------------------------------
+def _same_class_peers(reserve: bool):
+    # 40 blocks of 4 tokens; each request: 8-token prompt + 60 output tokens = 17 blocks
+    eng, clock = build(
+        policy="hybrid", num_blocks=40, cpu=0, seqs=8, reserve=reserve, parts=NO_PARTS
+    )
+    reqs = [make_request(8, Priority.P1, max_tokens=60) for _ in range(4)]
+    for r in reqs:
+        eng.add_request(r)
+    most = 0
+    while eng.has_unfinished():
+        eng.step()
+        clock.advance(0.01)
+        most = max(most, len(eng.scheduler.running))
+    assert all(r.status == RequestStatus.FINISHED for r in reqs)
+    assert all(len(r.output_token_ids) == 60 for r in reqs)
+    p = eng.scheduler.preemptions
+    return p.swap + p.recompute, most
+
+
+def test_reservation_keeps_same_class_peers_from_preempting_each_other():
+    preempted, most = _same_class_peers(reserve=False)
+    assert preempted > 0 and most >= 3  # all admitted at once, then they push each other out
+    preempted, most = _same_class_peers(reserve=True)
+    assert preempted == 0 and most == 2  # two fit (34 of 40 blocks); the others wait
+
+
+# -- a wrong prediction loses nothing ------------------------------------------------------------
+def _liar(length: int) -> LengthPredictor:
+    """A predictor sure that every request of every tenant and class outputs `length`."""
+    pred = LengthPredictor(PredictorConfig(min_weight=1, half_life_s=1e9))
+    for c in Priority:
+        for t in ("t0", "t1", "t2"):
+            for _ in range(3):
+                r = make_request(8, c, max_tokens=5000, tenant=t)
+                pred.observe(r, length, 0.0)
+    return pred
+
+
+def _run(specs, liar_length, **kw):
+    eng, clock = build(predictor=_liar(liar_length) if liar_length else None, **kw)
+    by_step: dict[int, list] = {}
+    for s in specs:
+        by_step.setdefault(s.arrival_step, []).append(s)
+    reqs = {}
+    step = 0
+    while step <= max(by_step) or eng.has_unfinished():
+        for s in by_step.get(step, []):
+            reqs[s.rid] = to_request(s, clock.now())
+            eng.add_request(reqs[s.rid])
+        eng.step()
+        clock.advance(0.01)
+        step += 1
+        assert step < 100_000
+    assert all(r.status == RequestStatus.FINISHED for r in reqs.values())
+    kv = eng.scheduler.kv
+    assert kv.pool.num_free == kv.pool.num_blocks and kv.swap.num_used == 0
+    return {rid: (tuple(r.output_token_ids), r.finish_reason) for rid, r in reqs.items()}, eng
+
+
+def test_wrong_predictions_change_no_output_and_break_no_invariant():
+    specs = make_specs(300, seed=21)
+    reference, _ = _run(specs, None, policy="fcfs")
+    preempted = 0
+    for policy, blocks, mode, liar in [
+        ("hybrid", 80, "recompute", 1),  # everyone outruns its prediction
+        ("hybrid", 80, "swap", 900),  # everyone far shorter than predicted
+        ("drr", 100, "auto", 1),
+        ("wfq", 80, "swap", 3),
+        ("fcfs", 80, "recompute", 1),
+        ("strict", 80, "auto", 900),
+    ]:
+        got, eng = _run(
+            specs, liar, policy=policy, num_blocks=blocks, mode=mode, order_s=0.3, reserve=True
+        )
+        assert got == reference, f"{policy}/{blocks}/{mode}/liar {liar} changed outputs"
+        p = eng.scheduler.preemptions
+        preempted += p.swap + p.recompute
+    assert preempted > 0  # the wrong short predictions did let requests outrun into preemption
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_stress_with_wrong_predictions_loses_nothing(seed):
+    rng = random.Random(seed)
+    policy = ["fcfs", "drr", "wfq", "hybrid"][seed]
+    mode = ["recompute", "swap", "auto", "auto"][seed]
+    liar = rng.choice([1, 2, 500])
+    eng, clock = build(
+        policy,
+        num_blocks=rng.choice([40, 60]),
+        mode=mode,
+        cpu=24,
+        seqs=8,
+        budget=64,
+        order_s=rng.choice([0.05, 1.0]),
+        reserve=True,
+        predictor=_liar(liar),
+    )
+    specs = make_specs(200, seed=200 + seed, max_prompt=80, max_out=20)
+    live, ended = {}, {}
+    pending = list(specs)
+    steps = 0
+    while pending or eng.has_unfinished():
+        for _ in range(rng.randint(0, 3)):
+            if pending:
+                r = to_request(pending.pop(), clock.now())
+                eng.add_request(r)
+                live[r.request_id] = r
+        if live and rng.random() < 0.08:
+            eng.abort_request(rng.choice(sorted(live)))
+        for r in eng.step():
+            if r.is_finished:
+                assert r.request_id not in ended, "finished twice"
+                ended[r.request_id] = r.status
+        for rid in [rid for rid, r in live.items() if r.is_finished]:
+            ended.setdefault(rid, live[rid].status)
+            del live[rid]
+        clock.advance(rng.choice([0.001, 0.01, 0.2]))
+        steps += 1
+        assert steps < 50_000
+    assert len(ended) == len(specs)
+    assert set(ended.values()) <= {RequestStatus.FINISHED, RequestStatus.ABORTED}
+    kv = eng.scheduler.kv
+    assert kv.pool.num_free == kv.pool.num_blocks
+    assert kv.swap.num_used == 0 and kv.ledger.used == [0, 0, 0, 0]
+    assert eng.scheduler.predictions == {}
+
+
+def test_predictive_off_is_todays_schedule():
+    """With both switches off the schedule is the one without a predictor at all (the
+    predictor only learns): the same outputs and the same preemptions."""
+    specs = make_specs(200, seed=5)
+    a, ea = _run(specs, None, policy="hybrid", num_blocks=80, mode="recompute")
+    b, eb = _run(specs, 1, policy="hybrid", num_blocks=80, mode="recompute")
+    assert a == b
+    assert replace(ea.scheduler.preemptions) == replace(eb.scheduler.preemptions)
+
+
+@pytest.mark.parametrize("policy", ["strict", "hybrid"])
+def test_a_held_back_head_does_not_hold_back_other_classes(policy):
+    """The reservation holds back a P1 request (its running P1 peer is expected to grow into
+    the memory it would need); a small P2 request behind it is admitted in the same step."""
+    eng, clock = build(policy=policy, num_blocks=40, cpu=0, seqs=8, reserve=True, parts=NO_PARTS)
+    peer = make_request(8, Priority.P1, max_tokens=80)  # 22 blocks when done
+    eng.add_request(peer)
+    eng.step()
+    clock.advance(0.01)
+    big = make_request(8, Priority.P1, max_tokens=80)
+    small = make_request(8, Priority.P2, max_tokens=4)
+    eng.add_request(big)
+    eng.add_request(small)
+    eng.step()
+    assert small.status == RequestStatus.RUNNING
+    assert big.status == RequestStatus.WAITING
+    assert eng.scheduler.reservation_waits >= 1
+    drain(eng, clock)
+    assert big.status == small.status == RequestStatus.FINISHED
+    assert eng.scheduler.preemptions.swap + eng.scheduler.preemptions.recompute == 0
+
+
+def test_predictive_ttft_counts_predicted_output_in_the_schedulers_record():
+    pred = LengthPredictor(PredictorConfig(min_weight=1))
+    for _ in range(3):
+        pred.observe(_templated(2, 900), 10, 0.0)  # template 2: 10 tokens
+    counts = {}
+    for on in (False, True):
+        eng, _ = build(seqs=1, predictor=pred)
+        eng.scheduler.config = replace(eng.scheduler.config, predictive_ttft=on)
+        running, waiting = _templated(2, 900), _templated(2, 900)
+        eng.add_request(running)
+        eng.step()
+        eng.add_request(waiting)
+        stats = eng.scheduler.make_stats(with_queue=True)
+        counts[on] = (stats.remaining_output, stats.queue.output_tokens)
+    assert counts[False] == (899, 900)  # what max_tokens allows
+    assert counts[True] == (9, 10)  # what is predicted
