@@ -144,6 +144,11 @@ class Request:
     # Speculative decoding: draft tokens verified for this request, and those accepted.
     num_draft_tokens: int = field(default=0, init=False)
     num_accepted_tokens: int = field(default=0, init=False)
+    # The output length the scheduler's predictor expected (P50) when it took the request in,
+    # and whether the request then ended the model's way (EOS, a stop, or max_tokens): what the
+    # prediction-error metric compares (core/predictive.py).
+    predicted_output: int | None = field(default=None, init=False)
+    length_observed: bool = field(default=False, init=False)
     first_scheduled_time: float | None = field(default=None, init=False)
     first_token_time: float | None = field(default=None, init=False)
     finished_time: float | None = field(default=None, init=False)

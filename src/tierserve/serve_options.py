@@ -13,6 +13,7 @@ from typing import Any
 
 from tierserve.core.spec.config import parse_speculative_config
 from tierserve.cpu_threads import parse_threads
+from tierserve.engine.args import parse_predictive
 from tierserve.priority import parse_priority
 
 
@@ -262,6 +263,11 @@ OPTIONS: tuple[Option, ...] = (
         "--step-time-fraction", E + "step_time_fraction", float_or_none, None,
         "size each step's prefill to end within this fraction of P0's TTFT SLA; none: by "
         "tokens only (0.4)", to_field=_none_word
+    ),
+    Option(
+        "--predictive", E + "predictive", str, "+",
+        "uses of the output-length predictor: off (default) | all | any of order (shortest "
+        "predicted first in a class, 5 s aging bound), reserve, ttft", to_field=parse_predictive,
     ),
     Option(
         "--p0-calm-fraction", E + "p0_calm_fraction", float_or_none, None,

@@ -30,7 +30,12 @@ from tierserve.chat.template import load_chat_template
 from tierserve.cpu_threads import ThreadChoice, choose_threads
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.async_engine import AsyncEngine
-from tierserve.engine.builder import BuiltEngine, build_engine_off_main, engine_thread_start
+from tierserve.engine.builder import (
+    BuiltEngine,
+    build_engine_off_main,
+    engine_thread_start,
+    save_predictor,
+)
 from tierserve.engine.core import StepStats
 from tierserve.engine.load import LateRequestCheck
 from tierserve.memory import fix_mmap_threshold, freeze_heap
@@ -67,6 +72,7 @@ def build_state(
 
     engine.set_observers(metrics.on_event, on_step, metrics.on_snapshot)
     engine.on_thread_start = partial(engine_thread_start, args.cpu_threads)
+    engine.on_thread_stop = partial(save_predictor, built)
     adm = args.admission
     if adm.sla_admission:  # the re-check of waiting requests, on the engine thread
         engine.recheck = LateRequestCheck(args.priorities, adm.sla_margin, adm.sla_recheck_s)

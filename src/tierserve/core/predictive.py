@@ -61,7 +61,8 @@ class Predictive:
             self.policy.work_shift = self._work_shift
 
     def _predict(self, request: Request) -> None:
-        self.predictions[request.request_id] = self.predictor.predict(request, self.clock.now())
+        p = self.predictions[request.request_id] = self.predictor.predict(request, self.clock.now())
+        request.predicted_output = p.p50
 
     def _learn(self, request: Request) -> None:
         """`request` left the scheduler: learn its length if it ended the model's way."""
@@ -71,6 +72,7 @@ class Predictive:
         n = request.num_output_tokens
         if request.finish_reason == FinishReason.STOP or n >= request.sampling_params.max_tokens:
             self.predictor.observe(request, n, self.clock.now(), p)
+            request.length_observed = True
 
     def predicted_remaining(self, request: Request) -> int:
         """Output tokens `request` is predicted to still produce (P50; 0 when it has outrun it

@@ -17,6 +17,19 @@ from tierserve.config import (
 from tierserve.core.spec.config import SpecConfig
 from tierserve.model.config import QUANTIZATIONS
 
+PREDICTIVE_USES = ("order", "reserve", "ttft")
+PREDICTIVE_ORDER_S = 5.0  # the aging bound of --predictive order (docs/scheduling.md)
+
+
+def parse_predictive(words) -> tuple[str, ...]:
+    """`--predictive off | all | order reserve ttft` (any of the three) -> the uses."""
+    words = [words] if isinstance(words, str) else list(words)
+    if words in (["off"], ["none"], []):
+        return ()
+    if words == ["all"]:
+        return PREDICTIVE_USES
+    return tuple(dict.fromkeys(words))
+
 
 @dataclass(frozen=True)
 class EngineArgs:
@@ -64,8 +77,19 @@ class EngineArgs:
     # Speculative decoding (core/spec): None (off), or which drafter and how far; the scheduler
     # decides per class and per step whether drafts pay (docs/scheduling.md).
     speculative_config: SpecConfig | None = None
+    # Predictive scheduling (core/predictive.py): which uses of the output-length predictor are
+    # on: "order" (shortest predicted first in a class, 5 s aging bound), "reserve", "ttft".
+    # The predictor learns either way; its state is kept in the cache dir across restarts
+    # unless `predictor_state` is False.
+    predictive: tuple[str, ...] = ()
+    predictor_state: bool = True
 
     def __post_init__(self) -> None:
+        bad = set(self.predictive) - set(PREDICTIVE_USES)
+        if bad:
+            raise ValueError(
+                f"predictive uses are {', '.join(PREDICTIVE_USES)}; got {', '.join(sorted(bad))}"
+            )
         if self.kv_cache_gib <= 0 and self.num_kv_blocks is None:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
         if self.swap_space_gib is not None and self.swap_space_gib < 0:

@@ -79,6 +79,7 @@ class AsyncEngine:
         self.recheck: LateRequestCheck | None = None
         self.publish_load = True
         self.on_thread_start: Callable[[], None] | None = None  # first, on the engine thread
+        self.on_thread_stop: Callable[[], None] | None = None  # last, when stopped (not crashed)
         self.heartbeat = time.monotonic()
         self.error: BaseException | None = None
         # Hand-over between submit() and a crashing engine thread: a request is either queued
@@ -181,6 +182,8 @@ class AsyncEngine:
                 news = self._drain_commands()
                 if self._stop.is_set():
                     self._publish()
+                    if self.on_thread_stop is not None:
+                        self.on_thread_stop()
                     return
                 news = self._end_late() or news
                 if self.core.has_unfinished():

@@ -10,8 +10,10 @@ import torch
 
 from tierserve.clock import Clock, WallClock
 from tierserve.config import CacheConfig, SchedulerConfig
+from tierserve.core.predict import LengthPredictor
+from tierserve.core.predict.store import load_state, save_state
 from tierserve.core.spec import Speculation
-from tierserve.engine.args import EngineArgs, resolve_defaults
+from tierserve.engine.args import PREDICTIVE_ORDER_S, EngineArgs, resolve_defaults
 from tierserve.engine.core import EngineCore
 from tierserve.executor.torch_executor import (
     TorchExecutor,
@@ -118,13 +120,36 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             p0_express=resolved.p0_express,
             step_time_fraction=args.step_time_fraction,
             p0_calm_fraction=args.p0_calm_fraction,
+            predictive_order_s=PREDICTIVE_ORDER_S if "order" in args.predictive else 0.0,
+            predictive_reserve="reserve" in args.predictive,
+            predictive_ttft="ttft" in args.predictive,
         ),
         args.policy,
         args.priorities,
         Speculation(args.speculative_config) if args.speculative_config else None,
+        predictor(args),
     )
     name = args.model or "SmolLM2-135M-Instruct"
     return BuiltEngine(engine, loaded.tokenizer, loaded.config, name, executor, args)
+
+
+def predictor(args: EngineArgs) -> LengthPredictor:
+    """The output-length predictor, restored from the cache dir unless `predictor_state` is
+    off (a missing file is a cold start; a corrupt one is logged and ignored)."""
+    p = LengthPredictor()
+    if args.predictor_state:
+        load_state(p)
+    return p
+
+
+def save_predictor(built: BuiltEngine) -> None:
+    """Keep what the predictor learned for the next start (engine thread, as it stops)."""
+    if not built.args.predictor_state:
+        return
+    try:
+        save_state(built.engine.scheduler.predictor)
+    except OSError as exc:  # a read-only cache dir: the next start is cold, nothing else
+        log.warning("could not save the predictor's state: %s", exc)
 
 
 def build_engine_off_main(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:

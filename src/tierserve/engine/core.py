@@ -29,6 +29,7 @@ from tierserve.config import (
 )
 from tierserve.core.kv import KVCacheManager
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
+from tierserve.core.predict import LengthPredictor
 from tierserve.core.scheduler import Scheduler
 from tierserve.core.spec import SpecStepStats, Speculation
 from tierserve.core.stats import Preemption, SchedulerStats
@@ -98,6 +99,7 @@ class EngineCore:
         policy: PolicyConfig | None = None,
         priorities: PriorityConfig | None = None,
         speculation: Speculation | None = None,
+        predictor: LengthPredictor | None = None,
     ) -> EngineCore:
         pol = create_policy(policy or PolicyConfig(), priorities)
         if not pol.traits.class_aware:  # a class-blind policy gets one shared pool: no floor, no
@@ -105,7 +107,13 @@ class EngineCore:
             cache = replace(cache, partitions=FLAT_PARTITIONS, prefix_retention=LRU_RETENTION)
         kv = KVCacheManager(cache)
         scheduler = Scheduler(
-            sched or SchedulerConfig(), kv, pol, clock, executor.preemption_costs(), speculation
+            sched or SchedulerConfig(),
+            kv,
+            pol,
+            clock,
+            executor.preemption_costs(),
+            speculation,
+            predictor,
         )
         return cls(scheduler, executor, clock)
 

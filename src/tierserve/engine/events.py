@@ -76,6 +76,8 @@ class RequestInfo:
     error: str | None
     predicted_ttft: float | None
     num_preemptions: int
+    predicted_output: int | None = None  # the output-length predictor's P50 at arrival
+    length_observed: bool = False  # it ended the model's way: its length taught the predictor
 
     @classmethod
     def of(cls, req: Request) -> RequestInfo:
@@ -93,6 +95,8 @@ class RequestInfo:
             req.error,
             req.predicted_ttft,
             req.num_preemptions,
+            req.predicted_output,
+            req.length_observed,
         )
 
 

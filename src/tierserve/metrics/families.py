@@ -157,6 +157,11 @@ class Families:
             Histogram, "llm_ttft_prediction_error_seconds",
             "SLA admission: |actual - predicted| time to first token", p, **lat,
         )  # fmt: skip
+        self.length_error = own(
+            Histogram, "llm_output_length_prediction_error_tokens",
+            "|actual - predicted (P50)| output tokens of requests that ended the model's way",
+            p, buckets=TOKEN_COUNT_BUCKETS,
+        )  # fmt: skip
         # -- llm_*: steps ----------------------------------------------------------------------
         self.schedule_time = own(
             Histogram, "llm_schedule_seconds", "Scheduler time per step", buckets=STEP_BUCKETS

@@ -137,6 +137,8 @@ class Metrics:
         f.generation_hist.labels(label).observe(out)
         f.v_prompt_hist.labels().observe(req.num_prompt_tokens)
         f.v_generation_hist.labels().observe(out)
+        if req.length_observed and req.predicted_output is not None:
+            f.length_error.labels(label).observe(abs(out - req.predicted_output))
         end, first, sched = req.finished_time, req.first_token_time, req.first_scheduled_time
         if end is not None:
             f.e2e.labels(label).observe(end - req.arrival_time)
