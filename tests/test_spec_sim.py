@@ -43,7 +43,7 @@ def test_a_full_batch_keeps_its_throughput_and_p2_p3_never_draft_beside_others()
 def test_simulate_flags_name_bad_values():
     import pytest
 
-    from tierserve.cli import with_speculation
+    from tierserve.sim.runner import with_speculation
 
     got = with_speculation([BASE], '{"num_speculative_tokens": 2}', [0.5, 0.6, 0.7, 0.8])
     assert got[0].speculative.num_speculative_tokens == 2

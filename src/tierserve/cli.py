@@ -78,25 +78,6 @@ def workload_config(args: argparse.Namespace):
     )
 
 
-def with_speculation(configs: list, raw: str | None, acceptance: list[float]) -> list:
-    """The simulate command's configs with speculative decoding, if asked (raises ValueError
-    naming a bad value)."""
-    from dataclasses import replace
-
-    from tierserve.core.spec import parse_speculative_config
-    from tierserve.sim.runner import SimConfig
-
-    spec = parse_speculative_config(raw)
-    if spec is None:
-        return configs
-    if len(acceptance) not in (1, 4) or not all(0 <= a < 1 for a in acceptance):
-        raise ValueError(f"--spec-acceptance takes 1 or 4 values in [0, 1), got {acceptance}")
-    acc = tuple(acceptance) * (4 // len(acceptance))
-    if not all(isinstance(c, SimConfig) for c in configs):
-        raise ValueError("--speculative-config is not supported for fleets yet")
-    return [replace(c, speculative=spec, spec_acceptance=acc) for c in configs]
-
-
 def _simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
     from pathlib import Path
@@ -105,7 +86,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from tierserve.sim.fleet_report import fleet_targets, write_fleet_all
     from tierserve.sim.profiles import profile_notes
     from tierserve.sim.report import targets, write_all
-    from tierserve.sim.runner import SimConfig
+    from tierserve.sim.runner import SimConfig, with_speculation
     from tierserve.sim.scenarios import (
         MEMORY_PRESSURE_BASE,
         SEED_BASE,

@@ -17,7 +17,7 @@ from tierserve.config import (
     PriorityConfig,
     SchedulerConfig,
 )
-from tierserve.core.spec import SpecConfig, Speculation
+from tierserve.core.spec import SpecConfig, Speculation, parse_speculative_config
 from tierserve.engine.core import EngineCore
 from tierserve.engine.load import CoreQueueView, LateRequestCheck
 from tierserve.priority import Priority
@@ -215,3 +215,17 @@ def run_simulation(
     if keep_records:
         out["records"] = result.records
     return out
+
+
+def with_speculation(configs: list, raw: str | None, acceptance: list[float]) -> list:
+    """The simulate command's configs with speculative decoding, if asked (raises ValueError
+    naming a bad value)."""
+    spec = parse_speculative_config(raw)
+    if spec is None:
+        return configs
+    if len(acceptance) not in (1, 4) or not all(0 <= a < 1 for a in acceptance):
+        raise ValueError(f"--spec-acceptance takes 1 or 4 values in [0, 1), got {acceptance}")
+    acc = tuple(acceptance) * (4 // len(acceptance))
+    if not all(isinstance(c, SimConfig) for c in configs):
+        raise ValueError("--speculative-config is not supported for fleets yet")
+    return [replace(c, speculative=spec, spec_acceptance=acc) for c in configs]
