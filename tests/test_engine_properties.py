@@ -89,6 +89,12 @@ def build(policy: str, num_blocks: int, mode: str, cpu: int = 64, seqs: int = 32
 
 def run_specs(specs, policy, num_blocks, mode):
     eng, clock = build(policy, num_blocks, mode)
+    return drive_specs(eng, clock, specs)[0], eng
+
+
+def drive_specs(eng, clock, specs) -> tuple[dict, int]:
+    """Run `specs` (each arriving at its step) to the end; every request must finish and every
+    block come back. Returns each request's (tokens, finish reason), and the steps taken."""
     by_step: dict[int, list[Spec]] = {}
     for s in specs:
         by_step.setdefault(s.arrival_step, []).append(s)
@@ -105,7 +111,8 @@ def run_specs(specs, policy, num_blocks, mode):
     assert all(r.status == RequestStatus.FINISHED for r in reqs.values())
     kv = eng.scheduler.kv
     assert kv.pool.num_free == kv.pool.num_blocks and kv.swap.num_used == 0
-    return {rid: (tuple(r.output_token_ids), r.finish_reason) for rid, r in reqs.items()}, eng
+    assert kv.ledger.used == [0, 0, 0, 0]
+    return {rid: (tuple(r.output_token_ids), r.finish_reason) for rid, r in reqs.items()}, step
 
 
 def test_outputs_identical_across_policies_memory_and_preemption_modes():

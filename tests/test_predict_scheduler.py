@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import make_request
-from tests.test_engine_properties import CHEAP_SWAP, make_specs, to_request
+from tests.test_engine_properties import CHEAP_SWAP, drive_specs, make_specs, to_request
 from tierserve.clock import ManualClock
 from tierserve.config import (
     CacheConfig,
@@ -222,23 +222,7 @@ def _liar(length: int) -> LengthPredictor:
 
 def _run(specs, liar_length, **kw):
     eng, clock = build(predictor=_liar(liar_length) if liar_length else None, **kw)
-    by_step: dict[int, list] = {}
-    for s in specs:
-        by_step.setdefault(s.arrival_step, []).append(s)
-    reqs = {}
-    step = 0
-    while step <= max(by_step) or eng.has_unfinished():
-        for s in by_step.get(step, []):
-            reqs[s.rid] = to_request(s, clock.now())
-            eng.add_request(reqs[s.rid])
-        eng.step()
-        clock.advance(0.01)
-        step += 1
-        assert step < 100_000
-    assert all(r.status == RequestStatus.FINISHED for r in reqs.values())
-    kv = eng.scheduler.kv
-    assert kv.pool.num_free == kv.pool.num_blocks and kv.swap.num_used == 0
-    return {rid: (tuple(r.output_token_ids), r.finish_reason) for rid, r in reqs.items()}, eng
+    return drive_specs(eng, clock, specs)[0], eng
 
 
 def test_wrong_predictions_change_no_output_and_break_no_invariant():

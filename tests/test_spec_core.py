@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.test_engine_properties import build as build_engine
-from tests.test_engine_properties import make_specs, to_request
+from tests.test_engine_properties import drive_specs, make_specs, to_request
 from tierserve.core.spec import (
     SpecConfig,
     Speculation,
@@ -123,22 +123,7 @@ def oracle(rng: random.Random, wrong: float):
 def run(specs, policy, blocks, mode, speculation=None):
     eng, clock = build_engine(policy, blocks, mode)
     eng.scheduler.speculation = speculation
-    by_step: dict[int, list] = {}
-    for s in specs:
-        by_step.setdefault(s.arrival_step, []).append(s)
-    reqs, step = {}, 0
-    while step <= max(by_step) or eng.has_unfinished():
-        for s in by_step.get(step, []):
-            reqs[s.rid] = to_request(s, clock.now())
-            eng.add_request(reqs[s.rid])
-        eng.step()
-        clock.advance(0.01)
-        step += 1
-        assert step < 100_000
-    kv = eng.scheduler.kv
-    assert kv.pool.num_free == kv.pool.num_blocks and kv.swap.num_used == 0
-    assert kv.ledger.used == [0, 0, 0, 0]
-    return {r: (tuple(q.output_token_ids), q.finish_reason) for r, q in reqs.items()}, step
+    return drive_specs(eng, clock, specs)
 
 
 @pytest.mark.parametrize(
