@@ -56,3 +56,28 @@ def test_usage_and_metrics_count_drafts_and_the_opt_out_holds():
     accepted = _metric(text, "vllm:spec_decode_num_accepted_tokens_total")
     assert 0 < accepted < drafted + streamed
     assert 0 < _metric(text, "llm_spec_acceptance_rate") < 1
+
+
+def _served(speculate: bool, body: dict) -> dict:
+    built = fake_built(step_s=0.0)
+    sched = built.engine.scheduler
+    sched.step_time = FixedTime(MEMORY_BOUND)
+    if speculate:
+        cfg = SpecConfig(prior_acceptance=0.9)
+        sched.speculation = Speculation(cfg, oracle(random.Random(5), 0.0))  # always right
+    with running_server(built) as (url, _state):
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_stop_string_inside_accepted_drafts_ends_the_output_where_plain_decoding_does():
+    body = {"prompt": words(12), "max_tokens": 40, "priority": 0, "ignore_eos": True}
+    plain = _served(False, body)["choices"][0]["text"].split()
+    stop = plain[9]  # the 10th output word: inside a run of accepted drafts with speculation
+    body |= {"stop": [stop]}
+    want, got = _served(False, body), _served(True, body)
+    assert got["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+    assert got["choices"][0]["text"] == want["choices"][0]["text"]
+    assert got["choices"][0]["finish_reason"] == want["choices"][0]["finish_reason"] == "stop"
+    assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]

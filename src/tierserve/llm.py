@@ -93,6 +93,8 @@ class LLM:
                 _, stopped = proc.process(req, new, req.is_finished)
                 if stopped and not req.is_finished:
                     self.engine.finish_request(req.request_id, "stop")
+                if stopped:  # as the server does (engine/async_engine.py)
+                    req.truncate_output(proc.consumed(req.request_id))
         return [
             RequestOutput(
                 request_id=r.request_id,

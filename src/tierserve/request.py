@@ -184,6 +184,16 @@ class Request:
         """Prompt then output tokens. Read-only by contract: use `append_output`."""
         return self._all_token_ids
 
+    def truncate_output(self, n: int) -> None:
+        """Keep the first `n` output tokens (a finished request's: a stop string ended it
+        earlier in a step that produced several)."""
+        if n >= self.num_output_tokens:
+            return
+        del self.output_token_ids[n:]
+        del self.output_logprobs[n:]
+        del self.output_top_logprobs[n:]
+        del self._all_token_ids[self.num_prompt_tokens + n :]
+
     def append_output(
         self, token_id: int, logprob: float | None = None, top: TopLogprobs | None = None
     ) -> None:

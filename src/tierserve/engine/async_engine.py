@@ -306,6 +306,9 @@ class AsyncEngine:
             text, stopped = self._proc.process(req, new, req.is_finished)
             if stopped and not req.is_finished:
                 self.core.finish_request(req.request_id, "stop")
+            if stopped:  # tokens after the one that completed the stop string (several came
+                # in one step: speculative decoding) are not output
+                req.truncate_output(self._proc.consumed(req.request_id))
             delta = live.delta(text)
             if delta.finished:
                 self._on_event(Finished(RequestInfo.of(req)))

@@ -63,6 +63,11 @@ class OutputProcessor:
         st.emitted = upto
         return out, st.stopped
 
+    def consumed(self, request_id: str) -> int:
+        """Output tokens taken in so far (after a stop string matched: up to the token that
+        completed it)."""
+        return len(self._states[request_id].token_ids)
+
     def text(self, request_id: str) -> str:
         return self._states[request_id].text
 
