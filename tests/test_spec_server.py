@@ -81,3 +81,29 @@ def test_a_stop_string_inside_accepted_drafts_ends_the_output_where_plain_decodi
     assert got["choices"][0]["text"] == want["choices"][0]["text"]
     assert got["choices"][0]["finish_reason"] == want["choices"][0]["finish_reason"] == "stop"
     assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
+
+
+def test_a_tenant_that_opted_out_never_speculates(tmp_path):
+    from tierserve.api.settings import ServerSettings
+
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        "tenants:\n"
+        "  fast: {keys: [sk-fast], max_tier: realtime}\n"
+        "  plain: {keys: [sk-plain], max_tier: realtime, speculative: false}\n"
+    )
+    built = fake_built(step_s=0.0)
+    sched = built.engine.scheduler
+    sched.step_time = FixedTime(MEMORY_BOUND)
+    sched.speculation = Speculation(SpecConfig(prior_acceptance=0.9), oracle(random.Random(1), 0.0))
+    body = {"prompt": words(12), "max_tokens": 30, "priority": 0, "ignore_eos": True}
+    with running_server(built, ServerSettings(tenants_file=str(tenants))) as (url, _):
+
+        def usage(key):
+            h = {"authorization": f"Bearer {key}"}
+            r = httpx.post(f"{url}/v1/completions", json=body, headers=h, timeout=30)
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]
+
+        assert usage("sk-fast")["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+        assert "completion_tokens_details" not in usage("sk-plain")

@@ -84,7 +84,7 @@ def _requests(
         EngineRequest(
             f"{rid}-{i * body.n + j}",
             tuple(ids),
-            sampling_params(body, limit, state.eos_token_ids, j, grammar),
+            _opt_out(sampling_params(body, limit, state.eos_token_ids, j, grammar), tenant),
             priority=res.priority,
             tenant=tenant.name,
             arrival_time=now,
@@ -95,6 +95,11 @@ def _requests(
         for i, (ids, limit) in enumerate(zip(prompts, max_tokens, strict=True))
         for j in range(body.n)
     ]
+
+
+def _opt_out(params, tenant):
+    """A tenant that opted out of speculative decoding (tenants file) never speculates."""
+    return params if tenant.speculative else replace(params, speculative=False)
 
 
 def check_model(state: ServerState, model: str | None) -> None:

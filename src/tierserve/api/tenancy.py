@@ -14,6 +14,7 @@ A tenants file (YAML)::
         sla_end_early: false        # SLA admission: end a waiting request that became late
         batch_tier: batch           # its batches' class: batch (P2) or background (P3)
         batch_limits: {max_queued_tokens: 5000000, max_files: 100, max_bytes: 1000000000}
+        speculative: true           # false: its requests never speculate (--speculative-config)
 
 A requested class above the tenant's entitlement is clamped to the entitlement, never honoured;
 the class actually used is reported in the ``x-tierserve-priority`` response header.
@@ -86,6 +87,7 @@ class TenantSpec(FileModel):
     sla_end_early: bool = False
     batch_tier: Tier | None = None
     batch_limits: BatchLimitsSpec | None = None
+    speculative: bool = True
 
 
 class TenantsFile(FileModel):
@@ -129,6 +131,8 @@ class Tenant:
     # The Batch API: the class of its batches' lines (None: P2) and what it may hold.
     batch_tier: Priority | None = None
     batch_limits: TenantBatchLimits | None = None
+    # False: its requests never speculate (as a body's "speculative": false).
+    speculative: bool = True
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,7 @@ class TenantRegistry:
                 t.sla_end_early,
                 t.batch_tier,
                 limits,
+                t.speculative,
             )
             for key in t.keys:
                 problem = key_problem(key)
