@@ -485,12 +485,12 @@ def test_each_of_k_ingress_replicas_holds_a_kth_of_every_bucket():
     assert split_bucket(BucketConfig(10, 20), 1) == BucketConfig(10, 20)
 
 
-def test_sla_admission_with_replicas_is_refused_with_a_clear_message():
-    """The SLA predictor reads one engine's load; a cluster ingress has none to give it yet."""
+def test_sla_admission_with_replicas_is_accepted():
+    """The ingress judges a request on its best replica (admission/fleet_load.py); the
+    replicas publish their predictor inputs when the engine arguments ask for SLA admission."""
     from tierserve.cluster.launch import cluster_options
 
-    with pytest.raises(ValueError, match="--sla-admission on is not supported with --replicas"):
-        cluster_options({"replicas": 2, "sla_admission": True})
+    assert cluster_options({"replicas": 2, "sla_admission": True}).replicas == 2
     assert cluster_options({"replicas": 2, "sla_admission": False}).replicas == 2
 
 

@@ -126,15 +126,21 @@ class FleetView:
     loads: dict[str, ReplicaLoad] = field(default_factory=dict)
     metrics: dict[str, str] = field(default_factory=dict)
     retired: tuple[tuple[int, ...], tuple[int, ...]] = (_Z, _Z)
+    # When each replica's load was reported, on the reader's monotonic clock (-inf: unknown).
+    reported_at: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FleetView:
+    def from_dict(cls, d: dict[str, Any], now: float | None = None) -> FleetView:
+        """The board's view read at `now` (the reader's monotonic clock): a report `age`
+        seconds old was made at about ``now - age`` (a little earlier: the view travelled)."""
         reps = d.get("replicas", {})
         retired = d.get("retired") or [_Z, _Z]
+        at = -float("inf") if now is None else now
         return cls(
             loads={rid: ReplicaLoad.from_dict(r["load"]) for rid, r in reps.items()},
             metrics={rid: r.get("metrics", "") for rid, r in reps.items()},
             retired=(tuple(retired[0]), tuple(retired[1])),
+            reported_at={rid: at - r.get("age", 0.0) for rid, r in reps.items()},
         )
 
     def _sum(self, name: str) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from typing import Any
 
 from ray import serve
@@ -140,7 +141,7 @@ class Ingress:
         return app
 
     async def _refresh(self) -> None:
-        view = FleetView.from_dict(await self._board.view.remote())
+        view = FleetView.from_dict(await self._board.view.remote(), time.monotonic())
         self.remote.set_view(view)
         self.remote.metrics.replicas.set(view.num_replicas)
 

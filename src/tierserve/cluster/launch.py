@@ -85,9 +85,6 @@ def cluster_options(opts: dict) -> ClusterOptions | None:
     """The cluster settings among `tierserve serve`'s merged options; None: single process."""
     if opts.get("replicas") is None and opts.get("ray_address") is None:
         return None
-    if opts.get("sla_admission") in (True, "on"):
-        # The predictor needs one engine's load; the ingress sees a fleet (not built yet).
-        raise ValueError("--sla-admission on is not supported with --replicas / --ray-address yet")
     kw = {"replicas": 1 if opts.get("replicas") is None else opts["replicas"]}
     for key in ("max_replicas", "ray_address", "router", "prefix_margin_tokens"):
         if opts.get(key) is not None:
