@@ -21,6 +21,7 @@ import time
 import uuid
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
 from tests.server_utils import free_port, small_engine_args
@@ -41,6 +42,7 @@ from tierserve.cluster.launch import APP_NAME, ClusterOptions, deploy, start_ray
 
 pytestmark = [pytest.mark.cluster, pytest.mark.model]
 SEATS = 2
+MODEL = "SmolLM2-135M-Instruct"
 # Short SLAs keep the test short: P1 is at risk after 0.8 x 2 s of waiting.
 SLAS = (1.0, 2.0, 60.0, None)
 WINDOW_S = 4.0  # the replicas' signal window: an idle fleet is quiet 4 s after its last TTFT
@@ -93,9 +95,9 @@ def wait_for(what, check, timeout=60.0, every=0.2):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def pinned(replica: str, priority: Priority, max_tokens: int, prompt_len: int = 24):
+def pinned(replica: str, priority: Priority, max_tokens: int, prompt_len: int = 24, start=1000):
     """Stream a request straight to `replica` (the router honours a pin)."""
-    prompt = list(range(1000, 1000 + prompt_len))
+    prompt = list(range(start, start + prompt_len))
     req = EngineRequest(
         f"pin-{uuid.uuid4().hex[:8]}",
         tuple(prompt),
@@ -135,16 +137,16 @@ def decide(current: int = 2) -> tuple[int, str]:
     return n, state["tierserve_last_decision"]
 
 
-def fill(priority: Priority, running: int, waiting: int) -> list:
+def fill(priority: Priority, running: int, waiting: int, prompt_len: int = 24) -> list:
     """On every replica: `running` long streams of `priority` past their first token, then
-    `waiting` more that find the seats taken."""
+    `waiting` more (prompts of `prompt_len` tokens, each its own) that find the seats taken."""
     gens = []
     for r in sorted(board_view()["replicas"]):
         runners = [pinned(r, priority, 2000) for _ in range(running)]
         for g in runners:
             started(g)
             assert next(g)["token_ids"]  # decoding now
-        waiters = [pinned(r, priority, 2000) for _ in range(waiting)]
+        waiters = [pinned(r, priority, 2000, prompt_len, 2000 + 1500 * i) for i in range(waiting)]
         for g in waiters:
             started(g)
         gens += runners + waiters
@@ -218,3 +220,63 @@ def test_a_p1_backlog_past_its_sla_scales_out_then_an_idle_fleet_scales_in(fleet
     assert decide()[1] != "quiet"  # the misses are still in the window
     n, _why = wait_for("an idle fleet to scale in", lambda: (d := decide())[1] == "quiet" and d)
     assert n == 1
+
+
+# -- fleet-wide SLA admission at the ingress ------------------------------------------------------
+
+
+def post(c: httpx.Client, url: str, tier: str) -> httpx.Response:
+    body = {"model": MODEL, "prompt": "Say hi.", "max_tokens": 4}
+    return c.post(f"{url}/v1/completions", json=body, headers={"x-request-tier": tier})
+
+
+def test_the_ingress_refuses_p1_when_no_replica_can_start_it_in_time_and_admits_p0(fleet):
+    """Both replicas: both seats streaming P1, and 5 P1 prompts of 800 tokens waiting behind
+    them. A P1 request at the ingress is predicted late on both replicas: 503, code
+    `sla_unreachable`, Retry-After, at once, as the single server answers. A P0 request is
+    judged on P0's own work (none): admitted, and it gets its first token within its SLA
+    (it preempts a P1 seat on its replica)."""
+    gens = fill(Priority.P1, SEATS, 5, prompt_len=800)
+    try:
+        wait_for(
+            "the P1 backlog on the board",
+            lambda: all(
+                r["load"]["waiting"][Priority.P1] == 5 for r in board_view()["replicas"].values()
+            ),
+            timeout=10,
+        )
+        time.sleep(0.6)  # the ingress pulls the board every 0.2 s
+        times = []
+        with httpx.Client(timeout=60) as c:
+            for _ in range(5):
+                t0 = time.monotonic()
+                refused = post(c, fleet, "p1")
+                times.append(time.monotonic() - t0)
+                assert refused.status_code == 503, refused.text
+                err = refused.json()["error"]
+                assert (err["type"], err["code"]) == ("resource_exhausted", "sla_unreachable")
+                assert "online (P1) TTFT SLA of 2 s cannot be met" in err["message"]
+                assert int(refused.headers["retry-after"]) >= 1 and err["retry_after"] > 0
+        refused_s = sorted(times)[2]
+        assert refused_s < 0.5, times  # no queueing: the ingress answers at once
+
+        t0 = time.monotonic()
+        with httpx.stream(
+            "POST",
+            f"{fleet}/v1/completions",
+            json={"model": MODEL, "prompt": "Say hi.", "max_tokens": 4, "stream": True},
+            headers={"x-request-tier": "p0"},
+            timeout=60,
+        ) as r:
+            assert r.status_code == 200
+            ttft = None
+            for line in r.iter_lines():
+                if line.startswith("data: {") and ttft is None:
+                    ttft = time.monotonic() - t0
+        assert ttft is not None and ttft <= SLAS[0], ttft
+        print(
+            f"P1 refused in {', '.join(f'{t * 1000:.0f}' for t in times)} ms; "
+            f"admitted P0 TTFT {ttft * 1000:.0f} ms"
+        )
+    finally:
+        release(gens)
