@@ -32,6 +32,7 @@ from tierserve.chat.prompt import ChatPrompter
 from tierserve.chat.template import load_chat_template
 from tierserve.clock import WallClock
 from tierserve.cluster.fleet import FleetView
+from tierserve.cluster.ingress_queue import IngressQueue
 from tierserve.cluster.observe import IngressMetrics
 from tierserve.cluster.remote_engine import RemoteEngine
 from tierserve.config import AdmissionConfig, BucketConfig
@@ -87,6 +88,7 @@ class Ingress:
         settings: ServerSettings,
         ingress_replicas: int = 1,
         view_period_s: float = 0.25,
+        ingress_queue: bool = False,
     ) -> None:
         spec = await engine.spec.remote()
         tokenizer = ChatTokenizer(
@@ -108,6 +110,7 @@ class Ingress:
             clock,
             IngressMetrics(lambda: self.remote.view.metrics),
             is_replica_failure,
+            queue=IngressQueue() if ingress_queue else None,
         )
         k = max(1, ingress_replicas)
         admission = AdmissionController(

@@ -58,6 +58,7 @@ class ClusterOptions:
     report_period_s: float = 0.25  # replica -> fleet board, and ingress <- board
     health_check_period_s: float = 2.0
     scale: ScaleConfig = field(default_factory=ScaleConfig)
+    ingress_queue: bool = False  # hold requests at the ingress until a seat is free
     signal_window_s: float = WINDOW_S  # the replicas' autoscaling signals' window (signals.py)
 
     def __post_init__(self) -> None:
@@ -86,7 +87,7 @@ def cluster_options(opts: dict) -> ClusterOptions | None:
     if opts.get("replicas") is None and opts.get("ray_address") is None:
         return None
     kw = {"replicas": 1 if opts.get("replicas") is None else opts["replicas"]}
-    for key in ("max_replicas", "ray_address", "router", "prefix_margin_tokens"):
+    for key in ("max_replicas", "ray_address", "router", "prefix_margin_tokens", "ingress_queue"):
         if opts.get(key) is not None:
             kw[key] = opts[key]
     return ClusterOptions(**kw)
@@ -165,7 +166,9 @@ def build_app(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions):
     e = engine.bind(
         args, b, opts.report_period_s, threads, model_name, tenants, opts.signal_window_s
     )
-    return ingress.bind(e, b, args, settings, opts.ingress_replicas, opts.report_period_s)
+    return ingress.bind(
+        e, b, args, settings, opts.ingress_replicas, opts.report_period_s, opts.ingress_queue
+    )
 
 
 def start_ray(opts: ClusterOptions, temp_dir: str | None = None, **ray_kw) -> str | None:

@@ -18,6 +18,10 @@ inputs, from their reports, plus what this ingress sent since; admission judges 
 the replica where it would start soonest (admission/fleet_load.py), with the single engine's
 predictor.
 
+Late binding (``--ingress-queue on``, cluster/ingress_queue.py): a request waits at the ingress,
+in class and tenant order, until the fleet has a free seat; its task is cancelled there if its
+client leaves.
+
 Queue view. The fleet board's latest ``FleetView`` (refreshed by the ingress a few times a
 second; ``view`` is replaced whole, never mutated) plus what this ingress has sent that no
 replica has acknowledged yet (a replica acknowledges with its ``hello`` chunk, once the request
@@ -41,6 +45,7 @@ from tierserve.admission.fleet_load import FleetLoad
 from tierserve.clock import Clock
 from tierserve.cluster import wire
 from tierserve.cluster.fleet import FleetView
+from tierserve.cluster.ingress_queue import IngressQueue
 from tierserve.core.limits import RequestLimits
 from tierserve.engine.client import EngineDeadError, Stream
 from tierserve.engine.events import ErrorKind, StreamDelta
@@ -95,6 +100,7 @@ class RemoteEngine:
         metrics: Any,
         is_replica_failure: Callable[[BaseException], bool],
         max_retries: int = MAX_RETRIES,
+        queue: IngressQueue | None = None,
     ) -> None:
         self._open_stream = open_stream
         self.limits = limits
@@ -102,6 +108,7 @@ class RemoteEngine:
         self.metrics = metrics
         self._is_failure = is_replica_failure
         self.max_retries = max_retries
+        self.queue = queue  # --ingress-queue on: requests wait here for a free seat
         self.view = FleetView()
         self.heartbeat = time.monotonic()
         self.error: BaseException | None = None  # the replicas' engines fail on their own
@@ -132,6 +139,8 @@ class RemoteEngine:
         self.view = view
         if view.num_replicas:
             self.heartbeat = time.monotonic()
+        if self.queue is not None:
+            self.queue.set_view(view)
 
     # -- queue view for admission control -----------------------------------------------------
     def queue_depth(self, priority: Priority) -> int:
@@ -233,6 +242,9 @@ class RemoteEngine:
 
     async def _pump(self, stream: RemoteStream) -> None:
         avoid: list[str] = []
+        if self.queue is not None:  # late binding: sent once a seat is free (a client that
+            # leaves meanwhile cancels this task, which takes its entry out of the queue)
+            await self.queue.wait_turn(stream.request.priority, stream.request.tenant)
         try:
             for attempt in range(self.max_retries + 1):
                 err = await self._attempt(stream, avoid)
@@ -267,6 +279,8 @@ class RemoteEngine:
         if not stream.acked:
             self._count(stream, -1)
         self._open.pop(stream.request.request_id, None)
+        if self.queue is not None:
+            self.queue.on_stream_end(started=stream.sent_tokens > 0)
 
     async def _attempt(self, stream: RemoteStream, avoid: list[str]) -> BaseException | None:
         """Stream one try; None when it finished, the failure when its replica failed."""
