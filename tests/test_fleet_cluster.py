@@ -1,6 +1,6 @@
 """One priority contract across a real fleet (issue 24): a local Ray Serve deployment of two
 engine replicas of the embedded model (few seats, 0.25 GiB of KV, half a CPU each) behind the
-ingress, with SLA admission on.
+ingress, with SLA admission and the ingress queue on.
 
 Autoscaling. Ray Serve's own autoscaler averages the replicas' metrics over 15 s and waits
 5 s / 120 s before it acts: too slow for a test. So these tests drive the class autoscaling
@@ -15,6 +15,7 @@ One cluster for the module (Ray starts once); the tests leave the engines idle.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import shutil
 import time
@@ -23,6 +24,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server_utils import free_port, small_engine_args
 from tierserve.admission.sla import policy_for_sla_admission
@@ -51,7 +53,11 @@ WINDOW_S = 4.0  # the replicas' signal window: an idle fleet is quiet 4 s after 
 @pytest.fixture(scope="module")
 def fleet():
     opts = ClusterOptions(
-        replicas=2, replica_cpus=0.5, stats_period_s=0.2, signal_window_s=WINDOW_S
+        replicas=2,
+        replica_cpus=0.5,
+        stats_period_s=0.2,
+        signal_window_s=WINDOW_S,
+        ingress_queue=True,
     )
     temp_dir = start_ray(opts, log_to_driver=False)
     try:
@@ -278,5 +284,63 @@ def test_the_ingress_refuses_p1_when_no_replica_can_start_it_in_time_and_admits_
             f"P1 refused in {', '.join(f'{t * 1000:.0f}' for t in times)} ms; "
             f"admitted P0 TTFT {ttft * 1000:.0f} ms"
         )
+    finally:
+        release(gens)
+
+
+# -- the ingress queue: late binding ---------------------------------------------------------------
+
+
+def held(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "tierserve_ingress_queue_depth"
+    )
+
+
+def routed(url: str, replica: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "tierserve_routed_requests_total" and s.labels.get("replica") == replica
+    )
+
+
+def test_a_request_waits_at_the_ingress_and_goes_to_the_replica_that_frees_first(fleet):
+    """Every seat busy: replica `slow` with long streams, `quick` with short ones. A P2 request
+    at the ingress waits there (bound to no replica) and is sent once `quick` frees a seat,
+    so it is served there, not queued behind `slow`'s long streams."""
+    slow, quick = sorted(board_view()["replicas"])
+    gens = [pinned(slow, Priority.P1, 2000) for _ in range(SEATS)]
+    gens += [pinned(quick, Priority.P1, 48) for _ in range(SEATS)]
+    try:
+        for g in gens:
+            started(g)
+            assert next(g)["token_ids"]
+
+        def full() -> bool:
+            reps = board_view()["replicas"]
+            return all(reps[r]["load"]["running"][Priority.P1] == SEATS for r in (slow, quick))
+
+        wait_for("both replicas full", full, timeout=10)
+        time.sleep(0.6)  # the ingress's view shows them full
+        before = {r: routed(fleet, r) for r in (slow, quick)}
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            job = pool.submit(lambda: post(httpx.Client(timeout=60), fleet, "p2"))
+            wait_for("the request held at the ingress", lambda: held(fleet) == 1, timeout=5)
+            r = job.result()
+        took = time.monotonic() - t0
+        assert held(fleet) == 0
+        assert r.status_code == 200, r.text
+        assert routed(fleet, quick) == before[quick] + 1
+        assert routed(fleet, slow) == before[slow]
+        assert took < 30, took
+        print(f"late-bound P2 served in {took:.2f} s")
     finally:
         release(gens)

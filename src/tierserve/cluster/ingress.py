@@ -108,7 +108,7 @@ class Ingress:
             lambda payload: streaming.generate.remote(payload),
             limits,
             clock,
-            IngressMetrics(lambda: self.remote.view.metrics),
+            IngressMetrics(lambda: self.remote.view.metrics, self._ingress_queued),
             is_replica_failure,
             queue=IngressQueue() if ingress_queue else None,
         )
@@ -135,6 +135,10 @@ class Ingress:
         self._period = view_period_s
         await self._refresh()
         self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    def _ingress_queued(self, priority) -> int:
+        queue = self.remote.queue
+        return 0 if queue is None else queue.depth(priority)
 
     def __serve_build_asgi_app__(self):
         app = create_app(self.state)
