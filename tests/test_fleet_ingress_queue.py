@@ -60,6 +60,32 @@ def test_p0_never_waits_and_the_others_wait_for_a_free_seat():
     asyncio.run(run())
 
 
+def test_a_seat_held_by_a_less_urgent_class_is_room_for_a_more_urgent_one():
+    """Every seat runs P3: the engine preempts one for a P1 or P2 request, so neither waits
+    here (holding it would only delay it); a P3 request waits for a free seat. With the seats
+    running P1, P2 waits too."""
+
+    async def run():
+        q = IngressQueue(Clock())
+        busy_p3 = ReplicaLoad(running=(0, 0, 0, 2), max_num_seqs=2)
+        q.set_view(FleetView(loads={"r0": busy_p3}, reported_at={"r0": 0.0}))
+        assert (q.room(P1), q.room(P2), q.room(P3)) == (2, 2, 0)
+        await asyncio.wait_for(q.wait_turn(P1, "t"), 0.1)
+        await asyncio.wait_for(q.wait_turn(P2, "t"), 0.1)
+        assert q.room(P2) == 0  # both preemptible seats are taken by what was just sent
+        p3 = asyncio.create_task(q.wait_turn(P3, "t"))
+        await asyncio.sleep(0)
+        assert not p3.done()
+        q.set_view(view((2, 2)))  # seats running P1
+        p2 = asyncio.create_task(q.wait_turn(P2, "t"))
+        await asyncio.sleep(0)
+        assert not p2.done() and q.depth() == 2
+        p2.cancel()
+        p3.cancel()
+
+    asyncio.run(run())
+
+
 def test_waiters_leave_in_class_order_and_by_tenant_in_turn():
     async def run():
         clock = Clock()
@@ -78,7 +104,7 @@ def test_waiters_leave_in_class_order_and_by_tenant_in_turn():
         assert q.depth() == 6
         for _ in names:  # one seat frees at a time: a stream of ours ends
             clock.t += 1
-            q.on_stream_end(started=True)
+            q.on_stream_end(P1, started=True)
             await asyncio.sleep(0)
         await asyncio.gather(*tasks)
         return order
@@ -92,7 +118,7 @@ def test_a_stream_that_never_started_frees_no_seat():
         q.set_view(view((1, 1)))
         t = asyncio.create_task(q.wait_turn(P1, "t"))
         await asyncio.sleep(0)
-        q.on_stream_end(started=False)  # it was waiting on its replica: no seat freed
+        q.on_stream_end(P1, started=False)  # it was waiting on its replica: no seat freed
         await asyncio.sleep(0)
         assert not t.done()
         t.cancel()

@@ -280,7 +280,7 @@ class RemoteEngine:
             self._count(stream, -1)
         self._open.pop(stream.request.request_id, None)
         if self.queue is not None:
-            self.queue.on_stream_end(started=stream.sent_tokens > 0)
+            self.queue.on_stream_end(stream.request.priority, started=stream.sent_tokens > 0)
 
     async def _attempt(self, stream: RemoteStream, avoid: list[str]) -> BaseException | None:
         """Stream one try; None when it finished, the failure when its replica failed."""
