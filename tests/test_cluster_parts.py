@@ -485,10 +485,30 @@ def test_each_of_k_ingress_replicas_holds_a_kth_of_every_bucket():
     assert split_bucket(BucketConfig(10, 20), 1) == BucketConfig(10, 20)
 
 
-def test_sla_admission_with_replicas_is_refused_with_a_clear_message():
-    """The SLA predictor reads one engine's load; a cluster ingress has none to give it yet."""
+def test_sla_admission_with_replicas_is_accepted():
+    """The ingress judges a request on its best replica (admission/fleet_load.py); the
+    replicas publish their predictor inputs when the engine arguments ask for SLA admission."""
     from tierserve.cluster.launch import cluster_options
 
-    with pytest.raises(ValueError, match="--sla-admission on is not supported with --replicas"):
-        cluster_options({"replicas": 2, "sla_admission": True})
+    assert cluster_options({"replicas": 2, "sla_admission": True}).replicas == 2
     assert cluster_options({"replicas": 2, "sla_admission": False}).replicas == 2
+
+
+def test_class_window_counts_a_request_ended_late_without_a_first_token_as_a_miss():
+    """A request that ends before its first token (the SLA re-check ended it, it failed, its
+    client left) after its class's SLA had passed missed the SLA: attainment falls. One that
+    ends in time without a token (a client leaving at once) is no sample either way."""
+    w = ClassWindow((0.5, 5.0, 60.0, None), window_s=10.0)
+    w.on_added("ok", Priority.P1, 0.0)
+    w.on_first_token("ok", Priority.P1, 1.0, 1.0)
+    w.on_added("late", Priority.P1, 0.0)
+    w.on_added("quick", Priority.P1, 5.5)
+    w.on_finished("late", 6.0)  # 6 s without a first token: 1 s past the 5 s SLA
+    w.on_finished("quick", 6.0)  # 0.5 s: left in time, no verdict
+    s = w.summary(6.0)
+    assert s.waiting[1] == 0 and s.samples[1] == 2
+    assert s.attainment[1] == 0.5
+    assert s.wait_ratio[1] == pytest.approx(6.0 / 5.0)
+    w.on_added("bg", Priority.P3, 0.0)
+    w.on_finished("bg", 100.0)  # no SLA: never a miss
+    assert w.summary(100.0).samples[3] == 0

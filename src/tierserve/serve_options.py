@@ -302,6 +302,10 @@ OPTIONS: tuple[Option, ...] = (
         "router: prefix affinity's load margin (4096)"
     ),
     Option(
+        "--ingress-queue", C + "ingress_queue", on_off, None,
+        "cluster: hold requests at the ingress until a replica has a free seat (off)"
+    ),
+    Option(
         "--batch-db", S + "batch_db", str, None,
         "Batch API database: an SQLite path or an SQLAlchemy URL; off: no Batch API "
         "(default: batch/batch.db in the cache dir)"

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from tierserve.admission.fleet_load import FleetLoad
 from tierserve.admission.rate_meter import RateMeter
 from tierserve.admission.sla import MAX_RETRY_AFTER_S, SlaGate
 from tierserve.admission.token_bucket import TokenBucket
@@ -55,8 +56,9 @@ class QueueView(Protocol):
         """Requests and prompt tokens of `priority` that left the queue for the running batch,
         counted since the start (monotonic)."""
 
-    def load(self) -> Load:
-        """The TTFT predictor's inputs (engine/load.py measure_load); SLA admission only."""
+    def load(self) -> Load | FleetLoad:
+        """The TTFT predictor's inputs (engine/load.py measure_load); SLA admission only. A
+        cluster ingress gives one per replica (admission/fleet_load.py)."""
 
 
 @dataclass(frozen=True)

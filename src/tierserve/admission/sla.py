@@ -26,6 +26,7 @@ import heapq
 import math
 from dataclasses import dataclass, replace
 
+from tierserve.admission.fleet_load import FleetLoad, judged_load
 from tierserve.admission.ttft import Load, predict_ttft
 from tierserve.config import PolicyConfig, PriorityConfig
 from tierserve.priority import NUM_PRIORITIES, Priority
@@ -70,16 +71,24 @@ class SlaGate:
         self._by_tenant: list[dict[str, int]] = [{} for _ in range(NUM_PRIORITIES)]
 
     def check(
-        self, load: Load, priority: Priority, prompt_tokens: int, now: float, tenant: str
+        self,
+        load: Load | FleetLoad,
+        priority: Priority,
+        prompt_tokens: int,
+        now: float,
+        tenant: str,
     ) -> Verdict:
         """Whether a class-`priority` request of `tenant` with `prompt_tokens` to prefill would
         get its first token within margin x SLA; if not, when to retry (and the retry is
-        promised)."""
+        promised). A fleet (a cluster ingress) is judged on its best replica
+        (admission/fleet_load.py)."""
+        if isinstance(load, FleetLoad):
+            load = load.best(priority, prompt_tokens, tenant)
         # What the client will see, and what the decision is judged on: for P0 only the work
         # that shedding every lower class would leave (the same under a class-aware policy).
         predicted = predict_ttft(load, priority, prompt_tokens, tenant=tenant)
         upto = priority if priority == Priority.P0 else Priority.P3
-        load = load.only_classes_upto(upto)
+        load = judged_load(load, priority)
         judged = predict_ttft(load, priority, prompt_tokens, tenant=tenant)
         limit = self.limit(priority, prompt_tokens, load)
         if limit is None or judged is None or judged <= limit:

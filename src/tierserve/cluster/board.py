@@ -14,8 +14,14 @@ class Board:
     def __init__(self, expire_s: float = EXPIRE_S) -> None:
         self._board = FleetBoard(expire_s)
 
-    async def report(self, replica_id: str, load: dict[str, Any], metrics: str | None) -> None:
-        self._board.report(replica_id, load, metrics, time.monotonic())
+    async def report(
+        self,
+        replica_id: str,
+        load: dict[str, Any],
+        metrics: str | None,
+        signals: dict[str, float] | None = None,
+    ) -> None:
+        self._board.report(replica_id, load, metrics, time.monotonic(), signals)
 
     async def leave(self, replica_id: str) -> None:
         self._board.leave(replica_id)

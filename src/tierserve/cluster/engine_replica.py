@@ -9,7 +9,8 @@ the event loop as one immutable ``_Report`` by a reference swap:
 * ``record_autoscaling_stats`` (Ray Serve's autoscaler): per-class wait ratio and SLA
   attainment (``signals.py``);
 * to the fleet board, pushed every ``report_period_s``: the queue load the ingress's admission
-  control reads, and, about once a second, the replica's Prometheus text.
+  control reads (with ``--sla-admission on``, the TTFT predictor's inputs too), the same
+  autoscaling signals, and, about once a second, the replica's Prometheus text.
 
 ``generate`` streams a request's chunks (wire.py): ``hello`` first (this replica and the reason
 the router chose it), then the engine's deltas. A cancelled stream (the ingress gave up, the
@@ -31,12 +32,13 @@ from ray import serve
 
 from tierserve.cluster import wire
 from tierserve.cluster.fleet import ReplicaLoad
-from tierserve.cluster.signals import ClassSignals, ClassWindow
+from tierserve.cluster.signals import WINDOW_S, ClassSignals, ClassWindow
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.async_engine import AsyncEngine, EngineDeadError
 from tierserve.engine.builder import build_engine_off_main
 from tierserve.engine.core import StepStats
 from tierserve.engine.events import Added, EngineEvent, ErrorKind, Finished, FirstToken, StreamDelta
+from tierserve.engine.load import LateRequestCheck
 from tierserve.engine.snapshot import EngineSnapshot
 from tierserve.memory import freeze_heap
 from tierserve.metrics import Metrics
@@ -65,6 +67,7 @@ class EngineReplica:
         threads: int = 1,
         model_name: str = DEFAULT_MODEL_NAME,
         tenants: tuple[str, ...] = (),
+        signal_window_s: float = WINDOW_S,
     ) -> None:
         import torch
 
@@ -73,9 +76,16 @@ class EngineReplica:
         self.built = built = build_engine_off_main(args)  # see its docstring
         core = built.engine
         self.metrics = Metrics(args.priorities, model_name, tenants)  # the served name
-        self.window = ClassWindow(args.priorities.ttft_sla_s)  # engine thread only
+        self.window = ClassWindow(args.priorities.ttft_sla_s, signal_window_s)  # engine thread
         self.engine = AsyncEngine(core, built.tokenizer)
-        self.engine.publish_load = False  # no SLA admission behind a cluster ingress (yet)
+        adm = args.admission
+        # The ingress's fleet SLA admission reads each replica's predictor inputs (the board
+        # report's `ttft`); the re-check of waiting requests runs here, as in the server.
+        self.engine.publish_load = adm.sla_admission
+        if adm.sla_admission:
+            self.engine.recheck = LateRequestCheck(
+                args.priorities, adm.sla_margin, adm.sla_recheck_s
+            )
         self._last_stats = 0.0  # engine thread only
         self._make_report(self.engine.snapshot)
         # Metrics hear every event (TTFT, inter-token latency, prompt tokens), as in the single
@@ -97,7 +107,9 @@ class EngineReplica:
             case FirstToken(info, at):
                 self.window.on_first_token(info.request_id, info.priority, event.ttft, at)
             case Finished(info):
-                self.window.on_finished(info.request_id)
+                end = info.finished_time
+                end = self.engine.clock.now() if end is None else end
+                self.window.on_finished(info.request_id, end)
 
     def _on_step(self, stats: StepStats) -> None:
         self.metrics.on_step(stats, self.built.executor.last_swap_seconds)
@@ -112,7 +124,7 @@ class EngineReplica:
         self.report = _Report(  # one reference swap; the event loop reads it whole
             replica_stats(snap.scheduler, self.replica_id),
             self.window.summary(snap.taken_at),
-            ReplicaLoad.of(snap),
+            ReplicaLoad.of(snap, with_ttft=self.engine.publish_load),
         )
 
     # -- Ray Serve hooks (event loop) ---------------------------------------------------------
@@ -169,7 +181,13 @@ class EngineReplica:
             if now - last_metrics >= METRICS_EVERY_S:
                 text, last_metrics = self.metrics.render().decode(), now
             try:
-                await self._board.report.remote(self.replica_id, self.report.load.to_dict(), text)
+                report = self.report
+                await self._board.report.remote(
+                    self.replica_id,
+                    report.load.to_dict(),
+                    text,
+                    report.signals.autoscaling_metrics(),
+                )
             except Exception as exc:  # the board restarting: report again next period
                 log.warning("fleet board report failed: %r", exc)
                 last_metrics = 0.0

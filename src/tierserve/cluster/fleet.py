@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tierserve.admission.ttft import Load
 from tierserve.engine.snapshot import EngineSnapshot
 from tierserve.priority import NUM_PRIORITIES
 
@@ -36,9 +37,12 @@ class ReplicaLoad:
     served: tuple[int, ...] = _Z  # requests that left the queue for the batch, since start
     served_tokens: tuple[int, ...] = _Z
     max_num_seqs: int = 0
+    # The TTFT predictor's inputs (engine/load.py), for the ingress's fleet SLA admission;
+    # None unless the replica publishes them (--sla-admission on). Travels pickled, as is.
+    ttft: Load | None = None
 
     @classmethod
-    def of(cls, snap: EngineSnapshot) -> ReplicaLoad:
+    def of(cls, snap: EngineSnapshot, with_ttft: bool = False) -> ReplicaLoad:
         return cls(
             running=snap.running,
             waiting=snap.waiting,
@@ -46,6 +50,7 @@ class ReplicaLoad:
             served=tuple(r for r, _ in snap.served),
             served_tokens=tuple(t for _, t in snap.served),
             max_num_seqs=snap.max_num_seqs,
+            ttft=snap.load if with_ttft else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -65,6 +70,7 @@ class _Entry:
     load: ReplicaLoad
     seen: float
     metrics: str = ""
+    signals: dict[str, float] = field(default_factory=dict)
 
 
 class FleetBoard:
@@ -76,11 +82,18 @@ class FleetBoard:
         self._retired = (_Z, _Z)  # served requests and tokens of replicas gone
 
     def report(
-        self, replica_id: str, load: dict[str, Any], metrics: str | None, now: float
+        self,
+        replica_id: str,
+        load: dict[str, Any],
+        metrics: str | None,
+        now: float,
+        signals: dict[str, float] | None = None,
     ) -> None:
+        """`signals`: the replica's autoscaling metrics (signals.py), as Serve's autoscaler
+        polls them; kept for the view (operators, tests)."""
         e = self._entries.get(replica_id)
         text = metrics if metrics is not None else (e.metrics if e else "")
-        self._entries[replica_id] = _Entry(ReplicaLoad.from_dict(load), now, text)
+        self._entries[replica_id] = _Entry(ReplicaLoad.from_dict(load), now, text, signals or {})
 
     def leave(self, replica_id: str) -> None:
         """A replica shutting down (or found dead) leaves; its served counts are kept."""
@@ -94,7 +107,12 @@ class FleetBoard:
             self.leave(rid)
         return {
             "replicas": {
-                rid: {"load": e.load.to_dict(), "age": now - e.seen, "metrics": e.metrics}
+                rid: {
+                    "load": e.load.to_dict(),
+                    "age": now - e.seen,
+                    "metrics": e.metrics,
+                    "signals": e.signals,
+                }
                 for rid, e in sorted(self._entries.items())
             },
             "retired": [list(self._retired[0]), list(self._retired[1])],
@@ -108,15 +126,21 @@ class FleetView:
     loads: dict[str, ReplicaLoad] = field(default_factory=dict)
     metrics: dict[str, str] = field(default_factory=dict)
     retired: tuple[tuple[int, ...], tuple[int, ...]] = (_Z, _Z)
+    # When each replica's load was reported, on the reader's monotonic clock (-inf: unknown).
+    reported_at: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FleetView:
+    def from_dict(cls, d: dict[str, Any], now: float | None = None) -> FleetView:
+        """The board's view read at `now` (the reader's monotonic clock): a report `age`
+        seconds old was made at about ``now - age`` (a little earlier: the view travelled)."""
         reps = d.get("replicas", {})
         retired = d.get("retired") or [_Z, _Z]
+        at = -float("inf") if now is None else now
         return cls(
             loads={rid: ReplicaLoad.from_dict(r["load"]) for rid, r in reps.items()},
             metrics={rid: r.get("metrics", "") for rid, r in reps.items()},
             retired=(tuple(retired[0]), tuple(retired[1])),
+            reported_at={rid: at - r.get("age", 0.0) for rid, r in reps.items()},
         )
 
     def _sum(self, name: str) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from typing import Any
 
 from ray import serve
@@ -31,6 +32,7 @@ from tierserve.chat.prompt import ChatPrompter
 from tierserve.chat.template import load_chat_template
 from tierserve.clock import WallClock
 from tierserve.cluster.fleet import FleetView
+from tierserve.cluster.ingress_queue import IngressQueue
 from tierserve.cluster.observe import IngressMetrics
 from tierserve.cluster.remote_engine import RemoteEngine
 from tierserve.config import AdmissionConfig, BucketConfig
@@ -86,6 +88,7 @@ class Ingress:
         settings: ServerSettings,
         ingress_replicas: int = 1,
         view_period_s: float = 0.25,
+        ingress_queue: bool = False,
     ) -> None:
         spec = await engine.spec.remote()
         tokenizer = ChatTokenizer(
@@ -105,8 +108,9 @@ class Ingress:
             lambda payload: streaming.generate.remote(payload),
             limits,
             clock,
-            IngressMetrics(lambda: self.remote.view.metrics),
+            IngressMetrics(lambda: self.remote.view.metrics, self._ingress_queued),
             is_replica_failure,
+            queue=IngressQueue() if ingress_queue else None,
         )
         k = max(1, ingress_replicas)
         admission = AdmissionController(
@@ -132,6 +136,10 @@ class Ingress:
         await self._refresh()
         self._poller = asyncio.get_running_loop().create_task(self._poll())
 
+    def _ingress_queued(self, priority) -> int:
+        queue = self.remote.queue
+        return 0 if queue is None else queue.depth(priority)
+
     def __serve_build_asgi_app__(self):
         app = create_app(self.state)
         # Serve's proxy sets x-request-id (its own id) on every response: ours would be a
@@ -140,7 +148,7 @@ class Ingress:
         return app
 
     async def _refresh(self) -> None:
-        view = FleetView.from_dict(await self._board.view.remote())
+        view = FleetView.from_dict(await self._board.view.remote(), time.monotonic())
         self.remote.set_view(view)
         self.remote.metrics.replicas.set(view.num_replicas)
 

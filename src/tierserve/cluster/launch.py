@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from tierserve.api.settings import ServerSettings
 from tierserve.cluster.autoscale import ScaleConfig
+from tierserve.cluster.signals import WINDOW_S
 from tierserve.engine.args import EngineArgs
 from tierserve.routing import ROUTER_NAMES
 
@@ -57,6 +58,8 @@ class ClusterOptions:
     report_period_s: float = 0.25  # replica -> fleet board, and ingress <- board
     health_check_period_s: float = 2.0
     scale: ScaleConfig = field(default_factory=ScaleConfig)
+    ingress_queue: bool = False  # hold requests at the ingress until a seat is free
+    signal_window_s: float = WINDOW_S  # the replicas' autoscaling signals' window (signals.py)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -75,17 +78,16 @@ class ClusterOptions:
             )
         if self.replica_cpus <= 0 or self.ingress_replicas < 1:
             raise ValueError("replica_cpus must be positive and ingress_replicas >= 1")
+        if self.signal_window_s <= 0:
+            raise ValueError(f"signal_window_s must be positive, got {self.signal_window_s}")
 
 
 def cluster_options(opts: dict) -> ClusterOptions | None:
     """The cluster settings among `tierserve serve`'s merged options; None: single process."""
     if opts.get("replicas") is None and opts.get("ray_address") is None:
         return None
-    if opts.get("sla_admission") in (True, "on"):
-        # The predictor needs one engine's load; the ingress sees a fleet (not built yet).
-        raise ValueError("--sla-admission on is not supported with --replicas / --ray-address yet")
     kw = {"replicas": 1 if opts.get("replicas") is None else opts["replicas"]}
-    for key in ("max_replicas", "ray_address", "router", "prefix_margin_tokens"):
+    for key in ("max_replicas", "ray_address", "router", "prefix_margin_tokens", "ingress_queue"):
         if opts.get(key) is not None:
             kw[key] = opts[key]
     return ClusterOptions(**kw)
@@ -161,8 +163,12 @@ def build_app(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions):
 
     tenants = tuple(tenant_registry(settings).tenants)  # the metrics' tenant labels
     model_name = settings.served_model_names[0]
-    e = engine.bind(args, b, opts.report_period_s, threads, model_name, tenants)
-    return ingress.bind(e, b, args, settings, opts.ingress_replicas, opts.report_period_s)
+    e = engine.bind(
+        args, b, opts.report_period_s, threads, model_name, tenants, opts.signal_window_s
+    )
+    return ingress.bind(
+        e, b, args, settings, opts.ingress_replicas, opts.report_period_s, opts.ingress_queue
+    )
 
 
 def start_ray(opts: ClusterOptions, temp_dir: str | None = None, **ray_kw) -> str | None:

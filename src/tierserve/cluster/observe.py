@@ -6,12 +6,14 @@ fleet board about once a second. The ingress re-exposes each family once, with e
 samples labelled ``replica="<Serve replica id>"``; sums across replicas are left to the
 Prometheus query (``sum without (replica) (...)``), which keeps histograms exact. Its own
 families come first: admission rejections (the ingress admits), routing decisions by reason,
-replica failures seen by streams, and the number of live replicas.
+replica failures seen by streams, the number of live replicas, and the requests waiting in the
+ingress queue by class.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -52,7 +54,13 @@ class IngressMetrics:
     """What ``ServerState.metrics`` is on a cluster ingress (``on_rejected`` and ``render``,
     as the API layer uses them), plus routing and failure counters."""
 
-    def __init__(self, replica_texts: Callable[[], dict[str, str]]) -> None:
+    def __init__(
+        self,
+        replica_texts: Callable[[], dict[str, str]],
+        ingress_queued: Callable[[Priority], int] | None = None,
+    ) -> None:
+        """`ingress_queued`: requests of a class waiting in the ingress queue (None: no
+        queue, the gauge stays 0)."""
         self.registry = r = CollectorRegistry()
         self.rejections = Counter(
             "llm_admission_rejections_total",
@@ -76,6 +84,16 @@ class IngressMetrics:
         self.replicas = Gauge(
             "tierserve_replicas", "Engine replicas reporting to the fleet board", registry=r
         )
+        self.ingress_queue = Gauge(
+            "tierserve_ingress_queue_depth",
+            "Requests waiting at the ingress for a free seat (--ingress-queue on), by class",
+            ["priority"],
+            registry=r,
+        )
+        for p in Priority:
+            g = self.ingress_queue.labels(p.label)
+            if ingress_queued is not None:
+                g.set_function(partial(ingress_queued, p))
         for outcome in ("retried", "ended"):
             self.failures.labels(outcome)
         r.register(ReplicaCollector(replica_texts))

@@ -13,6 +13,15 @@ after a token it ends with an error delta (the API turns that into an error chun
 with exactly one terminal delta; closing a stream early (client gone; ``abort``, ``fail``)
 cancels the remote generator, which aborts the request on its replica and frees its KV blocks.
 
+SLA admission (``--sla-admission on``). ``load`` gives admission every replica's TTFT predictor
+inputs, from their reports, plus what this ingress sent since; admission judges a request on
+the replica where it would start soonest (admission/fleet_load.py), with the single engine's
+predictor.
+
+Late binding (``--ingress-queue on``, cluster/ingress_queue.py): a request waits at the ingress,
+in class and tenant order, until the fleet has a free seat; its task is cancelled there if its
+client leaves.
+
 Queue view. The fleet board's latest ``FleetView`` (refreshed by the ingress a few times a
 second; ``view`` is replaced whole, never mutated) plus what this ingress has sent that no
 replica has acknowledged yet (a replica acknowledges with its ``hello`` chunk, once the request
@@ -27,13 +36,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+from tierserve.admission.fleet_load import FleetLoad
 from tierserve.clock import Clock
 from tierserve.cluster import wire
 from tierserve.cluster.fleet import FleetView
+from tierserve.cluster.ingress_queue import IngressQueue
 from tierserve.core.limits import RequestLimits
 from tierserve.engine.client import EngineDeadError, Stream
 from tierserve.engine.events import ErrorKind, StreamDelta
@@ -44,6 +56,9 @@ from tierserve.routing import RouteRequest
 log = logging.getLogger("tierserve.cluster")
 
 MAX_RETRIES = 2
+# A replica's report shows the engine's state up to a snapshot period before it was sent: a
+# request acknowledged that little before the report may not be in it yet (counted twice).
+ACK_MARGIN_S = 0.1
 
 
 class ChunkStream(Protocol):
@@ -66,6 +81,7 @@ class RemoteStream(Stream):
         self.replica: str | None = None
         self.sent_tokens = 0
         self.acked = False
+        self.acked_at = -float("inf")  # when its replica's hello came (monotonic)
         # Set by abort/fail: how the stream ends once its task is cancelled.
         self.end: tuple[str, str, ErrorKind | None] = ("abort", "client disconnected", None)
 
@@ -84,6 +100,7 @@ class RemoteEngine:
         metrics: Any,
         is_replica_failure: Callable[[BaseException], bool],
         max_retries: int = MAX_RETRIES,
+        queue: IngressQueue | None = None,
     ) -> None:
         self._open_stream = open_stream
         self.limits = limits
@@ -91,6 +108,7 @@ class RemoteEngine:
         self.metrics = metrics
         self._is_failure = is_replica_failure
         self.max_retries = max_retries
+        self.queue = queue  # --ingress-queue on: requests wait here for a free seat
         self.view = FleetView()
         self.heartbeat = time.monotonic()
         self.error: BaseException | None = None  # the replicas' engines fail on their own
@@ -121,6 +139,8 @@ class RemoteEngine:
         self.view = view
         if view.num_replicas:
             self.heartbeat = time.monotonic()
+        if self.queue is not None:
+            self.queue.set_view(view)
 
     # -- queue view for admission control -----------------------------------------------------
     def queue_depth(self, priority: Priority) -> int:
@@ -142,6 +162,31 @@ class RemoteEngine:
 
     def dequeued(self, priority: Priority) -> tuple[int, int]:
         return self.view.served(priority)
+
+    def load(self) -> FleetLoad:
+        """The TTFT predictor's inputs of every replica that publishes them (with
+        ``--sla-admission on``), plus the work this ingress sent that its last report cannot
+        show: each request its replica acknowledged after (about) that report, on that
+        replica; each request not acknowledged yet, on every replica (it may land on any).
+        Counted as waiting work: for the few tenths of a second until the next report."""
+        v, unacked = self.view, []
+        by_replica: dict[str, list[EngineRequest]] = {}
+        for s in self._open.values():
+            if not s.acked:
+                unacked.append(s.request)
+                continue
+            reported = v.reported_at.get(s.replica or "", -math.inf)
+            if s.acked_at >= reported - ACK_MARGIN_S:
+                by_replica.setdefault(s.replica or "", []).append(s.request)
+        loads = []
+        for rid, rl in v.loads.items():
+            if rl.ttft is None:
+                continue
+            load = rl.ttft
+            for r in (*by_replica.get(rid, ()), *unacked):
+                load = load.with_waiting(r.priority, r.num_prompt_tokens, r.tenant)
+            loads.append((rid, load))
+        return FleetLoad(tuple(loads))
 
     # -- requests -----------------------------------------------------------------------------
     def submit(self, request: EngineRequest) -> RemoteStream:
@@ -197,6 +242,9 @@ class RemoteEngine:
 
     async def _pump(self, stream: RemoteStream) -> None:
         avoid: list[str] = []
+        if self.queue is not None:  # late binding: sent once a seat is free (a client that
+            # leaves meanwhile cancels this task, which takes its entry out of the queue)
+            await self.queue.wait_turn(stream.request.priority, stream.request.tenant)
         try:
             for attempt in range(self.max_retries + 1):
                 err = await self._attempt(stream, avoid)
@@ -231,6 +279,8 @@ class RemoteEngine:
         if not stream.acked:
             self._count(stream, -1)
         self._open.pop(stream.request.request_id, None)
+        if self.queue is not None:
+            self.queue.on_stream_end(stream.request.priority, started=stream.sent_tokens > 0)
 
     async def _attempt(self, stream: RemoteStream, avoid: list[str]) -> BaseException | None:
         """Stream one try; None when it finished, the failure when its replica failed."""
@@ -240,6 +290,7 @@ class RemoteEngine:
             async for chunk in gen:
                 if chunk["kind"] == wire.HELLO:
                     stream.replica = chunk["replica"]
+                    stream.acked_at = time.monotonic()
                     if not stream.acked:
                         self._count(stream, -1)
                     self.metrics.on_routed(chunk["replica"], chunk["reason"])

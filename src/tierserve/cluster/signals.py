@@ -5,9 +5,13 @@ its first token, relative to its TTFT SLA, and how often it meets the SLA, over 
 on the same thread when a snapshot is published; what it returns is immutable. Two waits count:
 the TTFTs of requests that got their first token within the window, and the age of requests that
 are still waiting for one -- a starved P0 queue produces no TTFT samples at all, but its age
-grows. A class's *wait ratio* is the larger of its P95 TTFT and its oldest waiter's age, over its
-SLA; its *attainment* is the fraction of the window's first tokens that came within the SLA (1.0
-with no samples).
+grows. A request counts as waiting from ``Added`` until its ``FirstToken``, never while it
+decodes: a long stream is not a request at risk. A class's *wait ratio* is the larger of its
+P95 TTFT and its oldest waiter's age, over its SLA; its *attainment* is the fraction of the
+window's verdicts that met the SLA (1.0 with none). A verdict is a first token (met if within
+the SLA), or a request that ended without one after its SLA had passed (ended early by the SLA
+re-check, failed, or its client gave up): a miss. A request that ends without a token before its
+SLA passed gives no verdict.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ def _p95(values: list[float]) -> float:
 @dataclass(frozen=True)
 class ClassSignals:
     wait_ratio: tuple[float, ...]  # max(P95 TTFT, oldest waiter's age) / SLA; 0 without an SLA
-    attainment: tuple[float, ...]  # first tokens within SLA / first tokens, 1.0 without samples
-    samples: tuple[int, ...]
+    attainment: tuple[float, ...]  # verdicts that met the SLA / verdicts, 1.0 without any
+    samples: tuple[int, ...]  # verdicts in the window
     waiting: tuple[int, ...]  # requests still without a first token
 
     def autoscaling_metrics(self) -> dict[str, float]:
@@ -61,8 +65,14 @@ class ClassWindow:
         self._pending.pop(request_id, None)
         self._ttfts[priority].append((now, ttft))
 
-    def on_finished(self, request_id: str) -> None:
-        self._pending.pop(request_id, None)
+    def on_finished(self, request_id: str, now: float) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is None:
+            return
+        priority, arrival = pending
+        sla = self.slas[priority]
+        if sla is not None and now - arrival > sla:  # it never got a token in time: a miss
+            self._ttfts[priority].append((now, now - arrival))
 
     def summary(self, now: float) -> ClassSignals:
         oldest = [0.0] * NUM_PRIORITIES

@@ -1,0 +1,158 @@
+"""The ingress's priority queue (``--ingress-queue on``): late binding to a replica.
+
+Without it, a request is bound to a replica when it arrives: with every seat of the fleet busy,
+a P1 request waits in one replica's queue while another replica may free a seat first, and the
+router chose on a view about 0.2 s old. With it, a request that finds no seat for it in the fleet
+(free, or held by a less urgent class) waits here instead, and is sent -- to the replica the
+router then picks -- as soon as there is one. Waiting requests leave in class order (P1
+before P2 before P3), and within a class in turn by tenant (each backlogged tenant one request
+per round: a fair share of the seats by request), first come first served within a tenant.
+
+* **P0 never waits here**: it is sent at once; its replica starts it at once by preempting a
+  lower class's seat if it must (the engine's policy), so holding it could only delay it.
+* **Room** for a class is counted from the fleet board's last view: on each replica, the seats
+  not held or claimed (running or waiting) by that class or a more urgent one -- a seat held by
+  a less urgent class counts, since the engine preempts it for a more urgent request (holding a
+  P1 request here while a replica runs P3 would only delay it) -- minus what this ingress sent
+  of those classes after (about) each replica's report, plus the seats its own streams of those
+  classes gave back since (a stream that had started, ended): a seat freed is used at once,
+  not one report later.
+* **Bounded** by admission's queue limits: a request held here is one no replica has
+  acknowledged, which the ingress's queue view counts as waiting (``RemoteEngine``), so a
+  full class is refused with 503 and Retry-After before it gets here.
+* **A client that leaves** cancels its stream's task, which takes its entry out at once: no
+  dead work is ever sent. A replica that dies changes nothing for requests waiting here (they
+  are bound to none); its seats leave the view with it.
+
+Runs on the ingress's event loop only (no locks); plain asyncio, no Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from tierserve.cluster.fleet import FleetView
+from tierserve.priority import NUM_PRIORITIES, Priority
+
+# A replica's report shows its engine up to a snapshot period before it was sent (as
+# remote_engine.ACK_MARGIN_S): a request sent that little before a report counts as not in it.
+SENT_MARGIN_S = 0.1
+
+
+@dataclass
+class _Entry:
+    tenant: str
+    turn: asyncio.Future = field(repr=False)
+
+
+class IngressQueue:
+    def __init__(self, now=time.monotonic) -> None:
+        self._now = now
+        self.view = FleetView()
+        # Per class: tenant -> its waiting entries (oldest first), and the tenants' turn order.
+        self._queues: list[dict[str, deque[_Entry]]] = [{} for _ in range(NUM_PRIORITIES)]
+        self._turns: list[deque[str]] = [deque() for _ in range(NUM_PRIORITIES)]
+        # Per class: when each request was sent, and when each started stream of ours ended
+        # (the recent ones: the reports do not show them yet).
+        self._sent: list[deque[float]] = [deque() for _ in range(NUM_PRIORITIES)]
+        self._freed: list[deque[float]] = [deque() for _ in range(NUM_PRIORITIES)]
+
+    # -- state --------------------------------------------------------------------------------
+    def depth(self, priority: Priority | None = None) -> int:
+        """Requests waiting here (of `priority`, or all)."""
+        classes = range(NUM_PRIORITIES) if priority is None else (int(priority),)
+        return sum(len(q) for c in classes for q in self._queues[c].values())
+
+    def room(self, priority: Priority) -> int:
+        """Requests of `priority` the fleet could start now, as far as this ingress can tell:
+        the seats not held or claimed by its class or a more urgent one (a seat of a less
+        urgent class is one the engine preempts for it), on every replica in the board's view,
+        minus what this ingress sent of those classes after (about) each report, plus the seats
+        its own streams of those classes gave back since."""
+        v, c = self.view, int(priority) + 1
+        since = min(v.reported_at.values(), default=-math.inf) - SENT_MARGIN_S
+        for times in (*self._sent, *self._freed):  # what every report already shows
+            while times and times[0] < since:
+                times.popleft()
+        seats = sum(
+            max(0, x.max_num_seqs - sum(x.running[:c]) - sum(x.waiting[:c]))
+            for x in v.loads.values()
+        )
+        return seats - sum(map(len, self._sent[:c])) + sum(map(len, self._freed[:c]))
+
+    def free_seats(self) -> int:
+        """Seats no one holds or waits for (the room of the least urgent class)."""
+        return self.room(Priority(NUM_PRIORITIES - 1))
+
+    # -- the event loop ------------------------------------------------------------------------
+    def set_view(self, view: FleetView) -> None:
+        self.view = view
+        self._dispatch()
+
+    def on_stream_end(self, priority: Priority, started: bool) -> None:
+        """A stream of ours ended; `started`: it had streamed a token (it held a seat)."""
+        if started:
+            self._freed[priority].append(self._now())
+            self._dispatch()
+
+    async def wait_turn(self, priority: Priority, tenant: str) -> None:
+        """Return when a request of `priority` from `tenant` may be sent (at once for P0, or
+        with room for its class and no one of its class or a more urgent one waiting before
+        it). Cancelled while waiting: its entry is gone."""
+        if priority == Priority.P0 or (self._nobody_before(priority) and self.room(priority) > 0):
+            self._sent[priority].append(self._now())
+            return
+        entry = _Entry(tenant, asyncio.get_running_loop().create_future())
+        mine = self._queues[priority].setdefault(tenant, deque())
+        if not mine:
+            self._turns[priority].append(tenant)
+        mine.append(entry)
+        try:
+            await entry.turn
+        except asyncio.CancelledError:  # the client left while it waited: out of the queue
+            # (its turn may have come in the same loop turn: then the seat stays counted as
+            # taken until the next report)
+            self._remove(priority, entry)
+            raise
+
+    # -- internals -----------------------------------------------------------------------------
+    def _nobody_before(self, priority: Priority) -> bool:
+        return all(not self._queues[c] for c in range(1, int(priority) + 1))
+
+    def _remove(self, priority: Priority, entry: _Entry) -> None:
+        queues = self._queues[priority]
+        mine = queues.get(entry.tenant)
+        if mine is None or entry not in mine:
+            return
+        mine.remove(entry)
+        if not mine:
+            del queues[entry.tenant]
+            self._turns[priority].remove(entry.tenant)
+
+    def _pop(self, c: int) -> _Entry:
+        """Class `c`'s next request: its next tenant in turn, that tenant's oldest."""
+        turns, queues = self._turns[c], self._queues[c]
+        tenant = turns.popleft()
+        mine = queues[tenant]
+        entry = mine.popleft()
+        if mine:
+            turns.append(tenant)  # back of the round
+        else:
+            del queues[tenant]
+        return entry
+
+    def _dispatch(self) -> None:
+        """Send waiting requests in class order while their class has room; a class without
+        room holds every less urgent one too (their room is never larger)."""
+        for c in range(1, NUM_PRIORITIES):
+            while self._queues[c]:
+                if self.room(Priority(c)) <= 0:
+                    return
+                entry = self._pop(c)
+                if not entry.turn.done():  # (one cancelled in this loop turn is skipped)
+                    self._sent[c].append(self._now())
+                    entry.turn.set_result(None)
