@@ -74,10 +74,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--sets", nargs="+", default=["grounded_prompts", "open_chat_prompts"])
+    ap.add_argument("--activations", default="auto", help="auto (bf16 here) | float32")
     a = ap.parse_args()
     engines = {
-        "off": LLM(kv_cache_gib=0.5),
-        "on": LLM(kv_cache_gib=0.5, speculative_config=SpecConfig(num_speculative_tokens=a.k)),
+        "off": LLM(kv_cache_gib=0.5, activations=a.activations),
+        "on": LLM(
+            kv_cache_gib=0.5,
+            activations=a.activations,
+            speculative_config=SpecConfig(num_speculative_tokens=a.k),
+        ),
     }
     for llm in engines.values():  # warm both (autotune, first steps)
         run(llm, load("open_chat_prompts.jsonl")[:2], 2, 16)
