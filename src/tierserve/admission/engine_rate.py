@@ -42,7 +42,7 @@ class EngineShape:
     waiting_context: int = 0  # tokens of every waiting request (their contexts once decoding)
     seat_rate: float = 0.0  # requests leaving the running batch per second, measured
     remaining_output: int = 0  # output tokens the running requests may still generate, summed
-    waiting_output: int = 0  # the waiting requests' max_tokens (predicted output with predictive_ttft)
+    waiting_output: int = 0  # the waiting requests' max_tokens (predicted, with predictive_ttft)
 
     def with_waiting(self, priority: int, requests: int, tokens: int) -> EngineShape:
         w = list(self.waiting_requests)
