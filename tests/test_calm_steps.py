@@ -84,3 +84,56 @@ def test_pacing_ends_when_p0_has_been_gone_for_a_while():
     held = eng.scheduler.calm.held_total
     _, sizes = run_steps(eng, clock, 5)
     assert eng.scheduler.calm.held_total == held and max(sizes) == 30
+
+
+def test_only_batch_lines_are_paced_by_default():
+    """The default (no --p0-calm-fraction): P3 lines of a Batch API batch are paced while P0 is
+    about; interactive P3 decodes are not."""
+    eng, clock = build_engine("hybrid", 4096, "auto", seqs=64)
+    s = eng.scheduler
+    s.step_time = FixedTime(COEF)
+    assert s.calm.bound is None and s.calm.batch_bound is not None  # the defaults
+    specs = make_specs(41, seed=3, max_prompt=50)
+    for i, sp in enumerate(specs):
+        req = to_request(sp, clock.now())
+        req.priority = req.base_priority = Priority.P0 if i == 0 else Priority.P3
+        req.batch_line = 1 <= i <= 20  # 20 batch lines, 20 interactive P3
+        req.sampling_params = SamplingParams(max_tokens=200 if i else 1, temperature=0.0)
+        eng.add_request(req)
+    decoded, _sizes = run_steps(eng, clock, 40)
+    batch = {f"s3-{i}" for i in range(1, 21)}
+    assert s.calm.held_total > 0
+    interactive = [n for rid, n in decoded.items() if rid not in batch]
+    lines = [n for rid, n in decoded.items() if rid in batch]
+    assert min(interactive) > max(lines)  # the interactive P3 decode every step; lines take turns
+    # every line progresses; at least one decodes in every step (here the 20 interactive
+    # decodes alone overrun the calm bound, so one line a step)
+    assert min(lines) >= 1 and sum(lines) >= 30
+
+
+def test_the_feeder_marks_its_requests_as_batch_lines(tmp_path):
+    import httpx
+
+    from tests.batch_utils import client, completion_line, upload, wait_status
+    from tests.fake_engine import fake_built, words
+    from tests.server_utils import running_server
+    from tierserve.api.settings import ServerSettings
+
+    built = fake_built(step_s=0.0)
+    seen: list[tuple[str, bool]] = []
+    add = built.engine.add_request
+
+    def record(req):  # on the engine thread; read after the server has stopped
+        seen.append((req.request_id, req.batch_line))
+        add(req)
+
+    built.engine.add_request = record
+    settings = ServerSettings(batch_db=str(tmp_path / "b.db"), files_dir=str(tmp_path / "f"))
+    with running_server(built, settings) as (url, _):
+        c = client(url)
+        f = upload(c, [completion_line(f"c{i}", words(5, i + 1), 4) for i in range(3)])
+        b = c.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="1h")
+        assert wait_status(c, b.id).status == "completed"
+        body = {"prompt": words(5), "max_tokens": 4}
+        assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
+    assert [flag for _, flag in seen] == [True, True, True, False]

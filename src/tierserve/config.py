@@ -216,6 +216,8 @@ class SchedulerConfig:
     # (None: off).
     # (None: off, the default: it costs background throughput, docs/scheduling.md)
     p0_calm_fraction: float | None = None
+    # The same pacing for Batch API lines only (on by default: a batch steps aside for P0).
+    batch_calm_fraction: float | None = 0.1
     p0_recent_s: float = 10.0
     # Predictive scheduling (core/predictive.py; off by default, see docs/scheduling.md):
     # shortest predicted output first inside a class, no request passed by one arriving more
@@ -261,6 +263,11 @@ class SchedulerConfig:
         _check(
             c is None or (isinstance(c, int | float) and 0 < c <= 1),
             f"p0_calm_fraction must lie in (0, 1] (of P0's TTFT SLA) or be None, got {c!r}",
+        )
+        b = self.batch_calm_fraction
+        _check(
+            b is None or (isinstance(b, int | float) and 0 < b <= 1),
+            f"batch_calm_fraction must lie in (0, 1] (of P0's TTFT SLA) or be None, got {b!r}",
         )
         _check(self.p0_recent_s > 0, f"p0_recent_s must be positive, got {self.p0_recent_s}")
 

@@ -80,6 +80,7 @@ class EngineRequest:
     eos_token_id: int | None = None
     end_if_late: bool = False
     predicted_ttft: float | None = None
+    batch_line: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -125,6 +126,8 @@ class Request:
     end_if_late: bool = False
     # SLA admission: the TTFT predicted when it was admitted (for the prediction-error metric).
     predicted_ttft: float | None = None
+    # A line of a Batch API batch (the feeder sent it): paced while P0 is about (core/calm.py).
+    batch_line: bool = False
 
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
     output_token_ids: list[int] = field(default_factory=list, init=False)

@@ -43,6 +43,7 @@ class ServerState:
     draining: bool = False
     started: float = field(default_factory=time.time)
     bounds: PromptBounds | None = None  # derived from the tokenizer and the context
+    batch_lines: bool = False  # the Batch API feeder's copy: its requests are batch lines
 
     def __post_init__(self) -> None:
         if self.bounds is None:
@@ -91,6 +92,7 @@ def _requests(
             deadline=deadline,
             cache_salt=tenant.cache_salt,
             eos_token_id=state.eos_token_ids[0] if state.eos_token_ids else None,
+            batch_line=state.batch_lines,
         )
         for i, (ids, limit) in enumerate(zip(prompts, max_tokens, strict=True))
         for j in range(body.n)

@@ -39,7 +39,7 @@ def feeder_state(state: ServerState) -> ServerState:
     for t in state.tenants.tenants.values():
         if t.bucket is not None:
             own.set_tenant_bucket(t.name, t.bucket)
-    return replace(state, admission=own)
+    return replace(state, admission=own, batch_lines=True)
 
 
 class BatchService:

@@ -9,7 +9,12 @@ predicted to fit, with the more urgent classes' decodes, within `fraction` x P0'
 ones held sit the step out (they keep their seat and memory) and go first next time (the least
 recently served first), and at least one background decode runs every step, so they all
 progress. Inactive before the step-time model is calibrated, without a P0 SLA, and under a
-policy that does not serve P0 first."""
+policy that does not serve P0 first.
+
+Two settings: `--p0-calm-fraction` (off by default) paces every P2/P3 decode; the batch
+fraction (`SchedulerConfig.batch_calm_fraction`, 0.1 by default) paces only the lines of Batch
+API batches (a batch steps aside for realtime traffic; interactive P2/P3 are untouched). With
+both, the tighter bound applies to batch lines."""
 
 from __future__ import annotations
 
@@ -19,8 +24,18 @@ from tierserve.request import Request
 
 
 class CalmSteps:
-    def __init__(self, fraction: float | None, recent_s: float, p0_sla: float | None) -> None:
-        self.bound = fraction * p0_sla if fraction is not None and p0_sla is not None else None
+    def __init__(
+        self,
+        fraction: float | None,
+        recent_s: float,
+        p0_sla: float | None,
+        batch_fraction: float | None = None,
+    ) -> None:
+        def bound(f: float | None) -> float | None:
+            return f * p0_sla if f is not None and p0_sla is not None else None
+
+        self.bound = bound(fraction)  # every background decode
+        self.batch_bound = bound(batch_fraction)  # Batch API lines only
         self.recent_s = recent_s
         self.last_p0 = float("-inf")
         self._turn: dict[str, int] = {}  # background request -> step it last decoded in
@@ -37,10 +52,23 @@ class CalmSteps:
     def hold(self, decodes: list[Request], coef: StepCoefficients, now: float) -> set[str]:
         """Of this step's decodes (rank order), the background ones to hold back."""
         self._step += 1
-        if self.bound is None or not coef.calibrated or now - self.last_p0 > self.recent_s:
+        if self.bound is None and self.batch_bound is None:
             return set()
-        urgent = [r for r in decodes if r.priority < Priority.P2]
-        background = [r for r in decodes if r.priority >= Priority.P2]
+        if not coef.calibrated or now - self.last_p0 > self.recent_s:
+            return set()
+        if self.bound is not None:  # every background decode is paced
+            bound = min(self.bound, self.batch_bound or self.bound)
+
+            def paced(r: Request) -> bool:
+                return r.priority >= Priority.P2
+        else:  # only the batch lines
+            bound = self.batch_bound
+
+            def paced(r: Request) -> bool:
+                return r.priority >= Priority.P2 and r.batch_line
+
+        urgent = [r for r in decodes if not paced(r)]
+        background = [r for r in decodes if paced(r)]
         if len(background) <= 1:
             return set()
         n = len(urgent)
@@ -49,7 +77,7 @@ class CalmSteps:
         kept = 0
         for r in background:
             c = ctx + r.num_tokens
-            if kept and coef.seconds(StepWork(n + 1, n + 1, c, c, n + 1)) > self.bound:
+            if kept and coef.seconds(StepWork(n + 1, n + 1, c, c, n + 1)) > bound:
                 break
             n, ctx, kept = n + 1, c, kept + 1
             self._turn[r.request_id] = self._step

@@ -94,7 +94,9 @@ class Scheduler(QueueCounts, Preempting, Predictive):
         self.step_time = StepTimeModel(costs.prefill_tokens_per_s if costs else None)
         self.step_bound_s = step_bound(config, policy)
         p0_sla = policy.priorities.sla(Priority.P0) if policy.traits.p0_strict else None
-        self.calm = CalmSteps(config.p0_calm_fraction, config.p0_recent_s, p0_sla)
+        self.calm = CalmSteps(
+            config.p0_calm_fraction, config.p0_recent_s, p0_sla, config.batch_calm_fraction
+        )
         # (start, work, express?) of the step handed out, measured when its output comes back
         self._planned: tuple[float, StepWork, bool] | None = None
         self._init_predictive(predictor)  # output lengths, learned and used (predictive.py)
