@@ -38,6 +38,7 @@ from tierserve.sampling_params import SamplingParams
 ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
+from tests.test_cluster import board_view, engines_idle, wait_for  # noqa: E402
 from tierserve.cluster import wire  # noqa: E402
 from tierserve.cluster.autoscale import ClassAutoscalingPolicy, ScaleConfig  # noqa: E402
 from tierserve.cluster.launch import APP_NAME, ClusterOptions, deploy, start_ray  # noqa: E402
@@ -71,7 +72,9 @@ def fleet():
         )
         deploy(args, settings, opts)
         url = f"http://127.0.0.1:{settings.port}"
-        wait_for("both replicas on the board", lambda: len(board_view()["replicas"]) == 2)
+        wait_for(
+            "both replicas on the board", lambda: len(board_view()["replicas"]) == 2, timeout=60
+        )
         for r in sorted(board_view()["replicas"]):  # warm each engine up (P3: no SLA sample)
             drain(pinned(r, Priority.P3, 4))
         wait_for("idle engines", engines_idle, timeout=30)
@@ -80,25 +83,6 @@ def fleet():
         serve.shutdown()
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def board_view() -> dict:
-    return serve.get_deployment_handle("Board", APP_NAME).view.remote().result()
-
-
-def engines_idle() -> bool:
-    reps = board_view()["replicas"]
-    return all(sum(x["load"]["running"]) + sum(x["load"]["waiting"]) == 0 for x in reps.values())
-
-
-def wait_for(what, check, timeout=60.0, every=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def pinned(replica: str, priority: Priority, max_tokens: int, prompt_len: int = 24, start=1000):
@@ -214,7 +198,9 @@ def test_a_p1_backlog_past_its_sla_scales_out_then_an_idle_fleet_scales_in(fleet
             timeout=5,
         )
         assert decide()[1] != "p1-at-risk"  # young waiters: not at risk yet
-        n, _why = wait_for("a P1 scale-out", lambda: (d := decide())[1] == "p1-at-risk" and d)
+        n, _why = wait_for(
+            "a P1 scale-out", lambda: (d := decide())[1] == "p1-at-risk" and d, timeout=60
+        )
         assert n == 3
         # Not before the waiters aged past 0.8 x the SLA (minus the reports' staleness).
         assert time.monotonic() - t0 >= 0.8 * SLAS[1] - 0.5
@@ -224,7 +210,9 @@ def test_a_p1_backlog_past_its_sla_scales_out_then_an_idle_fleet_scales_in(fleet
     # The waiters ended without a first token after their SLA: misses, not a perfect record.
     assert all(m["p1_sla_attainment"] < 1.0 for m in signals().values())
     assert decide()[1] != "quiet"  # the misses are still in the window
-    n, _why = wait_for("an idle fleet to scale in", lambda: (d := decide())[1] == "quiet" and d)
+    n, _why = wait_for(
+        "an idle fleet to scale in", lambda: (d := decide())[1] == "quiet" and d, timeout=60
+    )
     assert n == 1
 
 
