@@ -136,25 +136,10 @@ def test_outputs_identical_across_policies_memory_and_preemption_modes():
     assert preempted > 50  # the small pools really did preempt, in both modes
 
 
-@pytest.mark.parametrize(
-    ("seed", "speculate"), [(s, False) for s in range(6)] + [(1, True), (4, True), (5, True)]
-)
-def test_random_stress_keeps_invariants_and_loses_nothing(seed, speculate):
-    """With `speculate`, drafts (right and wrong: tests/test_spec_core.py's oracle) and their
-    rollbacks are in the mix too."""
-    rng = random.Random(seed)
-    policy = ["fcfs", "strict", "drr", "wfq", "hybrid", "hybrid"][seed]
-    mode = ["recompute", "swap", "auto"][seed % 3]
-    eng, clock = build(
-        policy, num_blocks=rng.choice([40, 60]), mode=mode, cpu=24, seqs=8, budget=64
-    )
-    if speculate:
-        from tests.test_spec_core import oracle
-        from tierserve.core.spec import SpecConfig, Speculation
-
-        cfg = SpecConfig(classes=(0, 1, 2, 3), prior_acceptance=0.9)
-        eng.scheduler.speculation = Speculation(cfg, oracle(random.Random(seed), 0.3))
-    specs = make_specs(300, seed=100 + seed, max_prompt=80, max_out=20)
+def stress(eng, clock, rng, specs) -> int:
+    """Random arrivals (0-3 a step), aborts (8% of steps) and clock jumps until every request
+    has ended: each exactly once, finished or aborted, and every block and swap slot back.
+    Returns the steps taken."""
     live: dict[str, Request] = {}
     ended: dict[str, RequestStatus] = {}
     pending = list(specs)
@@ -185,6 +170,29 @@ def test_random_stress_keeps_invariants_and_loses_nothing(seed, speculate):
     kv = eng.scheduler.kv
     assert kv.pool.num_free == kv.pool.num_blocks
     assert kv.swap.num_used == 0 and kv.ledger.used == [0, 0, 0, 0]
+    return steps
+
+
+@pytest.mark.parametrize(
+    ("seed", "speculate"), [(s, False) for s in range(6)] + [(1, True), (4, True), (5, True)]
+)
+def test_random_stress_keeps_invariants_and_loses_nothing(seed, speculate):
+    """With `speculate`, drafts (right and wrong: tests/test_spec_core.py's oracle) and their
+    rollbacks are in the mix too."""
+    rng = random.Random(seed)
+    policy = ["fcfs", "strict", "drr", "wfq", "hybrid", "hybrid"][seed]
+    mode = ["recompute", "swap", "auto"][seed % 3]
+    eng, clock = build(
+        policy, num_blocks=rng.choice([40, 60]), mode=mode, cpu=24, seqs=8, budget=64
+    )
+    if speculate:
+        from tests.test_spec_core import oracle
+        from tierserve.core.spec import SpecConfig, Speculation
+
+        cfg = SpecConfig(classes=(0, 1, 2, 3), prior_acceptance=0.9)
+        eng.scheduler.speculation = Speculation(cfg, oracle(random.Random(seed), 0.3))
+    specs = make_specs(300, seed=100 + seed, max_prompt=80, max_out=20)
+    steps = stress(eng, clock, rng, specs)
     assert steps > 300
     if speculate:
         c = eng.scheduler.speculation.counts

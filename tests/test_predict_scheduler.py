@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import make_request
-from tests.test_engine_properties import CHEAP_SWAP, drive_specs, make_specs, to_request
+from tests.test_engine_properties import CHEAP_SWAP, drive_specs, make_specs, stress
 from tierserve.clock import ManualClock
 from tierserve.config import (
     CacheConfig,
@@ -264,32 +264,7 @@ def test_random_stress_with_wrong_predictions_loses_nothing(seed):
         predictor=_liar(liar),
     )
     specs = make_specs(200, seed=200 + seed, max_prompt=80, max_out=20)
-    live, ended = {}, {}
-    pending = list(specs)
-    steps = 0
-    while pending or eng.has_unfinished():
-        for _ in range(rng.randint(0, 3)):
-            if pending:
-                r = to_request(pending.pop(), clock.now())
-                eng.add_request(r)
-                live[r.request_id] = r
-        if live and rng.random() < 0.08:
-            eng.abort_request(rng.choice(sorted(live)))
-        for r in eng.step():
-            if r.is_finished:
-                assert r.request_id not in ended, "finished twice"
-                ended[r.request_id] = r.status
-        for rid in [rid for rid, r in live.items() if r.is_finished]:
-            ended.setdefault(rid, live[rid].status)
-            del live[rid]
-        clock.advance(rng.choice([0.001, 0.01, 0.2]))
-        steps += 1
-        assert steps < 50_000
-    assert len(ended) == len(specs)
-    assert set(ended.values()) <= {RequestStatus.FINISHED, RequestStatus.ABORTED}
-    kv = eng.scheduler.kv
-    assert kv.pool.num_free == kv.pool.num_blocks
-    assert kv.swap.num_used == 0 and kv.ledger.used == [0, 0, 0, 0]
+    stress(eng, clock, rng, specs)
     assert eng.scheduler.predictions == {}
 
 
