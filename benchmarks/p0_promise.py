@@ -82,16 +82,17 @@ async def complete(ac, url, prompt, max_tokens, priority, **extra) -> dict:
     body = {"prompt": prompt, "max_tokens": max_tokens, "priority": priority, "stream": True,
             "ignore_eos": True, **extra}  # fmt: skip
     sent = time.perf_counter()
-    first, error = None, False
+    first, error, why = None, False, ""
     async with ac.stream("POST", f"{url}/v1/completions", json=body) as r:
         async for line in r.aiter_lines():
             if first is None and line.startswith("data: {"):
                 first = time.perf_counter() - sent
-            error = error or '"error"' in line
+            if '"error"' in line or r.status_code != 200:
+                error, why = True, why or line[:160]
         pred = r.headers.get("x-tierserve-predicted-ttft-ms")
         status = r.status_code if r.status_code != 200 or not error else 503  # shed mid-stream
         return {"status": status, "ttft": first, "end": time.perf_counter() - sent,
-                "predicted": int(pred) / 1000 if pred else None}  # fmt: skip
+                "predicted": int(pred) / 1000 if pred else None, "why": why}  # fmt: skip
 
 
 def ids(rng: random.Random, n: int) -> list[int]:
@@ -141,7 +142,7 @@ async def open_loop(url: str, seconds: float, rate_p1: float, rate_p0: float) ->
 
     async def at(ac, when, prio, prompt, out):
         await asyncio.sleep(max(0.0, start + when - time.perf_counter()))
-        return prio, await complete(ac, url, prompt, out, prio)
+        return prio, {**await complete(ac, url, prompt, out, prio), "at": when}
 
     async with httpx.AsyncClient(timeout=600) as ac:
         done = await asyncio.gather(*(at(ac, *p) for p in plan))
@@ -156,6 +157,10 @@ async def open_loop(url: str, seconds: float, rate_p1: float, rate_p0: float) ->
         print(f"P{prio}: sent {len(mine)}, admitted {len(ok)}, on time {on}"
               f" ({on / max(1, len(ok)):.1%}; target {'99' if prio == 0 else '95'}%),"
               f" |TTFT - predicted| P50 {pct(err, 50):.2f} s P90 {pct(err, 90):.2f} s")  # fmt: skip
+    late = [r for p, r in done if p == 0 and (r["ttft"] is None or r["ttft"] > 0.5)]
+    for r in late:
+        print(f"  late or refused P0 sent at {r['at']:.1f} s: HTTP {r['status']}, TTFT {r['ttft']}"
+              f", predicted {r['predicted']} {r['why']}")  # fmt: skip
     print(
         f"a lone P1 5 s after the burst: HTTP {lone['status']}, TTFT {lone['ttft']} s"
         " (target: admitted)"
