@@ -98,6 +98,51 @@ def test_bf16_products_stay_close_and_batch_invariant(fmt):
             assert torch.equal(one[0], out[r]), (m, r)
 
 
+def _int8_reference(x: torch.Tensor, qt, fmt: str) -> torch.Tensor:
+    """What int8 products compute, in float64: each row's activations rounded to int8 per
+    block of 32 (scale max|x| / 127), times the dequantized weight."""
+    m, k = x.shape
+    blocks = x.double().view(m, k // 32, 32)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    xq = torch.where(scale > 0, torch.round(blocks / scale.clamp_min(1e-30)), 0) * scale
+    return xq.view(m, k) @ quant.dequantize(qt).t().double()
+
+
+@needs_kernels
+@pytest.mark.skipif(
+    EXT is None or not EXT.QWeight.int8_available(), reason="this CPU has no AVX512_VNNI"
+)
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+@pytest.mark.parametrize("shape", [(960, 576), (200, 64), (48, 96)])  # 200, 48: tail columns
+def test_int8_products_equal_quantized_activations_and_stay_batch_invariant(fmt, shape):
+    torch.manual_seed(3)
+    n, k = shape
+    qt = quant.quantize(torch.randn(n, k) * 0.1, fmt)
+    p = quant.pack(qt)
+    ref = quant.dequantize(qt).t().contiguous().double()
+    w = EXT.QWeight(quant.KERNEL_FORMAT[fmt], p.q, p.d, p.m, True, True)
+    assert w.int8 and not w.bf16  # int8 takes precedence
+    bias = torch.randn(n)
+    for m in (1, 2, 3, 4, 7, 40):
+        x = torch.randn(m, k)
+        x[0, :32] = 0.0  # an all-zero block quantizes to zeros, not NaN
+        out = torch.empty(m, n)
+        EXT.weight_linear_into(x, w, bias, out, False)
+        exact = x.double() @ ref + bias.double()
+        # The integer sums are exact: only float32 rounding separates it from the reference.
+        mine = _int8_reference(x, qt, fmt) + bias.double()
+        assert (out.double() - mine).abs().max() < 1e-3, (m, fmt)
+        rel = (out.double() - exact).norm() / exact.norm()
+        assert 1e-5 < rel < 2e-2, (m, float(rel))  # int8 activations show, and stay small
+        acc = out.clone()
+        EXT.weight_linear_into(x, w, None, acc, True)
+        assert (acc.double() - (mine + mine - bias.double())).abs().max() < 2e-3
+        for r in range(m):  # a row alone gives the same bits
+            one = torch.empty(1, n)
+            EXT.weight_linear_into(x[r : r + 1], w, bias, one, False)
+            assert torch.equal(one[0], out[r]), (m, r)
+
+
 @needs_kernels
 def test_quantized_kernel_rejects_mismatched_inputs():
     p = quant.pack(quant.quantize(torch.randn(32, 64), "q4_1"))

@@ -52,8 +52,8 @@ def _bench_quality(args: argparse.Namespace) -> int:
     from tierserve.bench.quality import format_table, measure
 
     rows = [measure(q, args.max_tokens) for q in args.quantization]
-    if args.bf16:  # the quantized ones again with bf16 products
-        rows += [measure(q, args.max_tokens, "bfloat16") for q in args.quantization if q != "none"]
+    for p in args.products:  # the quantized ones again with these products
+        rows += [measure(q, args.max_tokens, p) for q in args.quantization if q != "none"]
     print(format_table(rows))
     if args.show_answers:
         for r in rows:
@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--output-len", type=int, default=64)
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     b.add_argument("--quantization", choices=list(QUANTIZATIONS), default="auto")
-    b.add_argument("--activations", choices=["auto", "float32", "bfloat16"], default="auto")
+    b.add_argument("--activations", choices=["auto", "float32", "bfloat16", "int8"], default="auto")
     b.add_argument("--max-num-batched-tokens", type=int, default=2048)
     b.add_argument("--no-transformers", action="store_true", help="skip the baseline")
     b.set_defaults(func=_bench_engine)
@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--quantization", nargs="+", default=["none", "auto", "q8_0", "q4_0"])
     q.add_argument("--max-tokens", type=int, default=48)
     q.add_argument("--show-answers", action="store_true")
-    q.add_argument("--bf16", action="store_true", help="also with bf16 products (AVX512_BF16)")
+    q.add_argument("--products", nargs="*", default=[], choices=["bfloat16", "int8"])
     q.set_defaults(func=_bench_quality)
 
     sm = sub.add_parser("simulate", help="run the real scheduler on a simulated cluster")

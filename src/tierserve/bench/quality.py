@@ -82,7 +82,8 @@ def measure(quantization: str, max_tokens: int = 48, activations: str = "float32
     ppl = perplexity(model, llm.tokenizer.encode(quality_text()), plan=llm.executor.plan)
     msgs = [[{"role": "user", "content": p}] for p in quality_prompts()]
     outs = llm.generate(msgs, SamplingParams(temperature=0.0, max_tokens=max_tokens))
-    label = quantization + ("+bf16" if "bf16" in model.weights_summary else "")
+    products = next((p for p in ("bf16", "int8") if f"{p} products" in model.weights_summary), None)
+    label = quantization + (f"+{products}" if products else "")
     return QualityRow(label, model.weights_summary, ppl, [o.text for o in outs])
 
 

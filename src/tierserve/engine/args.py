@@ -100,9 +100,9 @@ class EngineArgs:
             raise ValueError(
                 f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
             )
-        if self.activations not in ("auto", "float32", "bfloat16"):
+        if self.activations not in ("auto", "float32", "bfloat16", "int8"):
             raise ValueError(
-                f"activations must be auto, float32 or bfloat16, got {self.activations!r}"
+                f"activations must be auto, float32, bfloat16 or int8, got {self.activations!r}"
             )
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

@@ -28,6 +28,7 @@ SOURCES = (
     "bindings.cpp",
     "gemm.cpp",
     "qgemm.cpp",
+    "qgemm_i8.cpp",
     "attention.cpp",
     "layer.cpp",
     "sample.cpp",

@@ -75,6 +75,7 @@ class Linear:
         packed: quant.Packed | None = None,
         bias: torch.Tensor | None = None,
         bf16: bool = False,  # quantized kernels: bf16 products, float32 sums (AVX512_BF16)
+        int8: bool = False,  # quantized kernels: int8 activations, integer products (VNNI)
     ) -> None:
         self.method = method
         self.w_t = w_t
@@ -86,7 +87,7 @@ class Linear:
             self.in_features, self.out_features = packed.shape_kn
             self.fmt = packed.fmt
             fmt = quant.KERNEL_FORMAT[packed.fmt]
-            self.kernel_weight = k.QWeight(fmt, packed.q, packed.d, packed.m, bf16)
+            self.kernel_weight = k.QWeight(fmt, packed.q, packed.d, packed.m, bf16, int8)
         else:
             self.in_features, self.out_features = w_t.shape
             self.fmt = "f32" if w_t.dtype == torch.float32 else str(w_t.dtype).split(".")[-1]

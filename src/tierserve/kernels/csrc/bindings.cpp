@@ -28,10 +28,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using tierserve::QWeight;
   py::class_<QWeight>(m, "QWeight", "a [K, N] weight: float32 (format 0), q8 (1) or q4 (2)")
       .def(py::init<int64_t, at::Tensor, c10::optional<at::Tensor>, c10::optional<at::Tensor>,
-                    bool>(),
+                    bool, bool>(),
            py::arg("fmt"), py::arg("q"), py::arg("d") = py::none(), py::arg("m") = py::none(),
-           py::arg("bf16") = false)
+           py::arg("bf16") = false, py::arg("int8") = false)
       .def_readonly("bf16", &QWeight::bf16)
+      .def_readonly("int8", &QWeight::int8)
       .def_readonly("fmt", &QWeight::fmt)
       .def_readonly("K", &QWeight::K)
       .def_readonly("N", &QWeight::N)
@@ -41,7 +42,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_static(
           "panel_min_rows", [](py::object) { return QWeight::panel_min_rows; },
           [](py::object, int64_t v) { QWeight::panel_min_rows = v; })
-      .def_static("bf16_available", &QWeight::bf16_available);
+      .def_static("bf16_available", &QWeight::bf16_available)
+      .def_static("int8_available", &QWeight::int8_available);
   m.def("linear_into", &tierserve::linear_into, "out (+)= a @ w_t (+ bias)", release());
   m.def("weight_linear_into", &tierserve::weight_linear_into, "out (+)= a @ W (+ bias), any format",
         release());

@@ -542,12 +542,17 @@ QView QWeight::view() const {
   v.d = reinterpret_cast<const uint16_t*>(d.data_ptr());
   v.m = fmt == kQ4 ? reinterpret_cast<const uint16_t*>(m.data_ptr()) : nullptr;
   v.bf16 = bf16;
+  v.int8 = int8;
+  v.i8 = i8.defined() ? i8.data_ptr() : nullptr;
   return v;
 }
 
 QWeight::QWeight(int64_t fmt_, at::Tensor q_, c10::optional<at::Tensor> d_,
-                 c10::optional<at::Tensor> m_, bool bf16_)
-    : fmt(fmt_), q(std::move(q_)), bf16(bf16_ && fmt_ != kF32 && bf16_available()) {
+                 c10::optional<at::Tensor> m_, bool bf16_, bool int8_)
+    : fmt(fmt_),
+      q(std::move(q_)),
+      bf16(bf16_ && !int8_ && fmt_ != kF32 && bf16_available()),
+      int8(int8_ && fmt_ != kF32 && int8_available()) {
   TORCH_CHECK(fmt == kF32 || fmt == kQ8 || fmt == kQ4,
               "QWeight: format must be 0 (f32), 1 (q8) or 2 (q4), got ", fmt);
   if (fmt == kF32) {
@@ -575,9 +580,11 @@ QWeight::QWeight(int64_t fmt_, at::Tensor q_, c10::optional<at::Tensor> d_,
                 "QWeight: q4 needs fp16 mins shaped like d");
     m = *m_;
   }
+  if (int8) i8 = repack_i8(view());
 }
 
 int64_t QWeight::panel_min_rows = 7;
+bool QWeight::int8_available() { return int8_products_available(); }
 bool QWeight::bf16_available() {
 #if defined(__AVX512BF16__)
   return true;
@@ -589,6 +596,7 @@ bool QWeight::bf16_available() {
 void qlinear_raw(const float* a, int64_t lda, const QView& w, int64_t M, float* out,
                  const float* bias, bool accumulate) {
   if (M == 0) return;
+  if (w.int8) return qlinear_i8(a, lda, w, M, out, bias, accumulate);
 #if defined(__AVX512BF16__)
   if (w.bf16) {
     if (w.fmt == kQ8)

@@ -1,0 +1,302 @@
+// Integer products for the GGUF block formats (a weight made with `int8=True`): each row of the
+// activations is quantized per block of 32 to int8 (scale max|x| / 127, round to nearest, as
+// llama.cpp's q8 activations), and the weights' 4- or 8-bit integers are multiplied into int32
+// sums with AVX512_VNNI's `vpdpbusd` (64 multiply-adds per instruction), scaled to float once per
+// block:
+//
+//   sum_k w x  ~  d_w d_x sum_k q xq  (+ m_w d_x sum_k xq   for q4, whose weights are d q + m)
+//
+// `vpdpbusd` multiplies unsigned by signed bytes: q4's nibbles are unsigned already; q8's signed
+// weights get +128 (a sign-bit flip) and the sum -128 sum_k xq back, exactly.
+//
+// The weight is repacked once at load into tiles of 64 columns whose blocks lie front to back
+// (below), so that a step streams memory in order: qgemm.cpp's K-major rows are N bytes apart,
+// which the hardware prefetchers and the TLB follow poorly at one row. Every row is quantized
+// and summed alone in a fixed order, so a row's result does not depend on its batch.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "qweight.h"
+
+namespace tierserve {
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kCols = 64;                        // columns per tile
+constexpr int kMR = 3;                               // rows per register block
+
+// Activations, quantized per row and block of 32.
+struct QAct {
+  int64_t M = 0, K = 0, nb = 0;
+  std::vector<int8_t> q;     // [M, K]
+  std::vector<float> d, s;   // [M, nb]: scale, sum of the block's quantized x (d sum xq)
+  std::vector<int32_t> qs;   // [M, nb]: sum of the block's xq
+};
+
+void quantize_rows(const float* a, int64_t lda, int64_t M, int64_t K, QAct& x) {
+  x.M = M;
+  x.K = K;
+  x.nb = K / kBlock;
+  x.q.resize(static_cast<size_t>(M * K));
+  x.d.resize(static_cast<size_t>(M * x.nb));
+  x.s.resize(static_cast<size_t>(M * x.nb));
+  x.qs.resize(static_cast<size_t>(M * x.nb));
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < x.nb; ++b) {
+      const float* p = a + m * lda + b * kBlock;
+      const __m512 v0 = _mm512_loadu_ps(p), v1 = _mm512_loadu_ps(p + 16);
+      const float amax = _mm512_reduce_max_ps(
+          _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+      const float d = amax / 127.0f;
+      const __m512 id = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+      const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));  // nearest, ties to even
+      const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+      int8_t* qo = x.q.data() + m * K + b * kBlock;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qo), _mm512_cvtepi32_epi8(i0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qo + 16), _mm512_cvtepi32_epi8(i1));
+      const int32_t qs = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+      x.d[m * x.nb + b] = d;
+      x.s[m * x.nb + b] = d * static_cast<float>(qs);  // of the quantized x: q4's d q + m terms
+      x.qs[m * x.nb + b] = qs;                          // then cancel as the weights' do
+    }
+}
+
+// The weight repacked at load (`repack_i8`), tile by tile of 64 columns, each tile's blocks
+// contiguous so that a step streams it front to back. A 32-bit lane holds 4 consecutive k of one
+// column; lane 4L + i of vector v is column 16L + 4v + i of the tile (the order of a 4 x 4
+// transpose of 128-bit chunks, undone at the store). Per block:
+//   Q8: 8 quads (k = 4i .. 4i + 3) x 4 vectors of 64 bytes (q + 128), then d (64 fp16);
+//   Q4: 4 groups x 4 vectors of 64 bytes, byte = the GGUF byte of k = 4g + e (low nibble) and
+//       k = 16 + 4g + e (high), then d and m (64 fp16 each).
+template <int FMT>
+constexpr int64_t block_bytes() {
+  return FMT == kQ8 ? 2048 + 128 : 1024 + 256;
+}
+
+inline int64_t lane_column(int v, int lane) { return 16 * (lane / 4) + 4 * v + lane % 4; }
+
+template <int FMT>
+void repack_tile(const QView& w, int64_t t, uint8_t* out) {
+  const int64_t N = w.N, n0 = t * kCols;
+  const uint8_t* q = static_cast<const uint8_t*>(w.q);
+  for (int64_t b = 0; b < w.K / kBlock; ++b) {
+    uint8_t* pb = out + b * block_bytes<FMT>();
+    const int groups = FMT == kQ8 ? 8 : 4;
+    for (int g = 0; g < groups; ++g)
+      for (int v = 0; v < 4; ++v)
+        for (int lane = 0; lane < 16; ++lane)
+          for (int e = 0; e < 4; ++e) {
+            const int64_t n = n0 + lane_column(v, lane);
+            uint8_t byte = FMT == kQ8 ? q[(b * kBlock + 4 * g + e) * N + n] ^ 0x80
+                                      : q[(b * (kBlock / 2) + 4 * g + e) * N + n];
+            pb[(g * 4 + v) * 64 + lane * 4 + e] = byte;
+          }
+    uint16_t* sc = reinterpret_cast<uint16_t*>(pb + (FMT == kQ8 ? 2048 : 1024));
+    for (int v = 0; v < 4; ++v)
+      for (int lane = 0; lane < 16; ++lane) {
+        const int64_t n = n0 + lane_column(v, lane);
+        sc[v * 16 + lane] = w.d[b * N + n];
+        if (FMT == kQ4) sc[64 + v * 16 + lane] = w.m[b * N + n];
+      }
+  }
+}
+
+// 4 x 4 transpose of 128-bit chunks: the lane order back to columns.
+inline void transpose_chunks(__m512 (&v)[4]) {
+  const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);
+  const __m512 t2 = _mm512_shuffle_f32x4(v[2], v[3], 0x44), t3 = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
+  v[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);
+  v[1] = _mm512_shuffle_f32x4(t0, t2, 0xDD);
+  v[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
+  v[3] = _mm512_shuffle_f32x4(t1, t3, 0xDD);
+}
+
+inline __m512 load_f16x16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+inline __m512i x4_of(const QAct& x, int64_t row, int64_t k) {
+  int32_t v;
+  std::memcpy(&v, x.q.data() + row * x.K + k, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// MR rows (from row m0) against one repacked tile: c[m, 0 .. 64) (+)= ... (+ bias).
+template <int FMT, int MR>
+void rows_tile(const QAct& x, int64_t m0, const uint8_t* tile, float* c, int64_t ldc,
+               const float* bias, bool accumulate) {
+  __m512 fa[MR][4];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < 4; ++v) fa[m][v] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int64_t b = 0; b < x.nb; ++b) {
+    const uint8_t* pb = tile + b * block_bytes<FMT>();
+    _mm_prefetch(reinterpret_cast<const char*>(pb + 4 * block_bytes<FMT>()), _MM_HINT_T0);
+    __m512i ia[MR][4];
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < 4; ++v) ia[m][v] = _mm512_setzero_si512();
+    const int64_t k0 = b * kBlock;
+    if constexpr (FMT == kQ8) {
+      for (int g = 0; g < 8; ++g) {
+        __m512i wv[4];
+        for (int v = 0; v < 4; ++v) wv[v] = _mm512_loadu_si512(pb + (g * 4 + v) * 64);
+        for (int m = 0; m < MR; ++m) {
+          const __m512i xb = x4_of(x, m0 + m, k0 + 4 * g);
+          for (int v = 0; v < 4; ++v) ia[m][v] = _mm512_dpbusd_epi32(ia[m][v], wv[v], xb);
+        }
+      }
+    } else {
+      for (int g = 0; g < 4; ++g) {
+        __m512i lo[4], hi[4];
+        for (int v = 0; v < 4; ++v) {
+          const __m512i raw = _mm512_loadu_si512(pb + (g * 4 + v) * 64);
+          lo[v] = _mm512_and_si512(raw, low);
+          hi[v] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+        }
+        for (int m = 0; m < MR; ++m) {
+          const __m512i xl = x4_of(x, m0 + m, k0 + 4 * g), xh = x4_of(x, m0 + m, k0 + 16 + 4 * g);
+          for (int v = 0; v < 4; ++v) {
+            ia[m][v] = _mm512_dpbusd_epi32(ia[m][v], lo[v], xl);
+            ia[m][v] = _mm512_dpbusd_epi32(ia[m][v], hi[v], xh);
+          }
+        }
+      }
+    }
+    const uint16_t* sc = reinterpret_cast<const uint16_t*>(pb + (FMT == kQ8 ? 2048 : 1024));
+    __m512 d[4], mn[4];
+    for (int v = 0; v < 4; ++v) {
+      d[v] = load_f16x16(sc + 16 * v);
+      if constexpr (FMT == kQ4) mn[v] = load_f16x16(sc + 64 + 16 * v);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const int64_t i = (m0 + m) * x.nb + b;
+      const __m512 dx = _mm512_set1_ps(x.d[i]);
+      const __m512i corr = _mm512_set1_epi32(128 * x.qs[i]);
+      const __m512 sx = _mm512_set1_ps(x.s[i]);
+      for (int v = 0; v < 4; ++v) {
+        const __m512i iv = FMT == kQ8 ? _mm512_sub_epi32(ia[m][v], corr) : ia[m][v];
+        fa[m][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), _mm512_mul_ps(d[v], dx), fa[m][v]);
+        if constexpr (FMT == kQ4) fa[m][v] = _mm512_fmadd_ps(mn[v], sx, fa[m][v]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    transpose_chunks(fa[m]);
+    float* cm = c + (m0 + m) * ldc;
+    for (int v = 0; v < 4; ++v) {
+      __m512 o = fa[m][v];
+      if (accumulate) o = _mm512_add_ps(o, _mm512_loadu_ps(cm + 16 * v));
+      if (bias) o = _mm512_add_ps(o, _mm512_loadu_ps(bias + 16 * v));
+      _mm512_storeu_ps(cm + 16 * v, o);
+    }
+  }
+}
+
+// Columns past the last whole tile, scalar, with the same integer sums and float steps.
+template <int FMT>
+void tail_columns_i8(const QAct& x, const QView& w, int64_t n0, int64_t n1, float* c,
+                     const float* bias, bool accumulate) {
+  const int64_t N = w.N;
+  for (int64_t m = 0; m < x.M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      float f = 0.f;
+      for (int64_t b = 0; b < x.nb; ++b) {
+        int32_t sum = 0;
+        const int8_t* xq = x.q.data() + m * x.K + b * kBlock;
+        for (int64_t j = 0; j < kBlock; ++j) {
+          int32_t q;
+          if constexpr (FMT == kQ8) {
+            q = static_cast<const int8_t*>(w.q)[(b * kBlock + j) * N + n];
+          } else {
+            const uint8_t byte =
+                static_cast<const uint8_t*>(w.q)[(b * (kBlock / 2) + j % 16) * N + n];
+            q = j < 16 ? (byte & 15) : (byte >> 4);
+          }
+          sum += q * xq[j];
+        }
+        const int64_t i = m * x.nb + b;
+        f = std::fma(static_cast<float>(sum), half_to_float(w.d[b * N + n]) * x.d[i], f);
+        if constexpr (FMT == kQ4) f = std::fma(half_to_float(w.m[b * N + n]), x.s[i], f);
+      }
+      float* o = c + m * N + n;
+      if (accumulate) f += *o;
+      if (bias) f += bias[n];
+      *o = f;
+    }
+}
+
+template <int FMT>
+void run_i8(const float* a, int64_t lda, const QView& w, int64_t M, float* c, const float* bias,
+            bool accumulate) {
+  thread_local QAct x;
+  quantize_rows(a, lda, M, w.K, x);
+  const int64_t N = w.N, tiles = N / kCols, tile_bytes = w.K / kBlock * block_bytes<FMT>();
+  const QAct& xs = x;
+  const uint8_t* packed = static_cast<const uint8_t*>(w.i8);
+  at::parallel_for(0, tiles + 1, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      if (t == tiles) {
+        if (tiles * kCols < N) tail_columns_i8<FMT>(xs, w, tiles * kCols, N, c, bias, accumulate);
+        continue;
+      }
+      const int64_t n0 = t * kCols;
+      const uint8_t* tile = packed + t * tile_bytes;
+      const float* bt = bias ? bias + n0 : nullptr;
+      int64_t m = 0;
+      for (; m + kMR <= M; m += kMR) rows_tile<FMT, kMR>(xs, m, tile, c + n0, N, bt, accumulate);
+      if (M - m == 2) rows_tile<FMT, 2>(xs, m, tile, c + n0, N, bt, accumulate);
+      if (M - m == 1) rows_tile<FMT, 1>(xs, m, tile, c + n0, N, bt, accumulate);
+    }
+  });
+}
+
+}  // namespace
+
+bool int8_products_available() { return true; }
+
+at::Tensor repack_i8(const QView& w) {
+  const int64_t tiles = w.N / kCols;
+  const int64_t bytes = w.fmt == kQ8 ? block_bytes<kQ8>() : block_bytes<kQ4>();
+  const int64_t tile_bytes = w.K / kBlock * bytes;
+  auto out = at::empty({std::max<int64_t>(1, tiles * tile_bytes)}, at::kByte);
+  uint8_t* o = out.data_ptr<uint8_t>();
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      if (w.fmt == kQ8)
+        repack_tile<kQ8>(w, t, o + t * tile_bytes);
+      else
+        repack_tile<kQ4>(w, t, o + t * tile_bytes);
+    }
+  });
+  return out;
+}
+
+void qlinear_i8(const float* a, int64_t lda, const QView& w, int64_t M, float* out,
+                const float* bias, bool accumulate) {
+  if (w.fmt == kQ8)
+    run_i8<kQ8>(a, lda, w, M, out, bias, accumulate);
+  else
+    run_i8<kQ4>(a, lda, w, M, out, bias, accumulate);
+}
+
+#else
+bool int8_products_available() { return false; }
+
+at::Tensor repack_i8(const QView&) { TORCH_CHECK(false, "int8 products need AVX512_VNNI"); }
+
+void qlinear_i8(const float*, int64_t, const QView&, int64_t, float*, const float*, bool) {
+  TORCH_CHECK(false, "int8 products need AVX512_VNNI");
+}
+#endif
+
+}  // namespace tierserve
