@@ -122,6 +122,17 @@ def test_int8_products_equal_quantized_activations_and_stay_batch_invariant(fmt,
     ref = quant.dequantize(qt).t().contiguous().double()
     w = EXT.QWeight(quant.KERNEL_FORMAT[fmt], p.q, p.d, p.m, True, True)
     assert w.int8 and not w.bf16  # int8 takes precedence
+    # Whole tiles of 64 columns: the GGUF layout is dropped and every reader uses the repack.
+    assert w.released == (n % 64 == 0) and (w.q is None) == w.released
+    deq = torch.empty(k, n)
+    EXT.dequantize_into(w, deq)
+    assert torch.equal(deq, ref.float())
+    ids = torch.tensor([0, n - 1, n // 2, 5])
+    cols = torch.empty(4, k)
+    EXT.columns_into(w, ids, cols)
+    assert torch.equal(cols, ref.float()[:, ids].t())
+    with pytest.raises(RuntimeError, match="outside"):
+        EXT.columns_into(w, torch.tensor([n]), torch.empty(1, k))
     bias = torch.randn(n)
     for m in (1, 2, 3, 4, 7, 40):
         x = torch.randn(m, k)

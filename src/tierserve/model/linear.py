@@ -88,6 +88,8 @@ class Linear:
             self.fmt = packed.fmt
             fmt = quant.KERNEL_FORMAT[packed.fmt]
             self.kernel_weight = k.QWeight(fmt, packed.q, packed.d, packed.m, bf16, int8)
+            if self.kernel_weight.released:  # int8: only the kernel's repacked copy is kept
+                self.packed = None
         else:
             self.in_features, self.out_features = w_t.shape
             self.fmt = "f32" if w_t.dtype == torch.float32 else str(w_t.dtype).split(".")[-1]
@@ -102,21 +104,35 @@ class Linear:
         return self.method.apply(self, x, out, True, blas)
 
     @property
+    def quantized(self) -> bool:
+        return self.w_t is None
+
+    @property
     def nbytes(self) -> int:
         if self.packed is not None:
             return self.packed.nbytes
+        if self.quantized:
+            return self.kernel_weight.nbytes
         return self.w_t.numel() * self.w_t.element_size()
 
     def dequantized_t(self) -> torch.Tensor:
         """The weight as float32 [in, out] (a copy for quantized weights)."""
-        if self.packed is None:
+        if not self.quantized:
             return self.w_t
+        if self.packed is None:
+            out = torch.empty(self.in_features, self.out_features)
+            self.method.kernels.dequantize_into(self.kernel_weight, out)
+            return out
         return quant.unpack_reference(self.packed)
 
     def columns(self, ids: torch.Tensor) -> torch.Tensor:
         """Columns `ids` of W as float32 rows [len(ids), in]: the tied embedding's lookup."""
-        if self.packed is None:
+        if not self.quantized:
             return self.w_t.index_select(1, ids).t().contiguous()
+        if self.packed is None:
+            out = torch.empty(len(ids), self.in_features)
+            self.method.kernels.columns_into(self.kernel_weight, ids.long().contiguous(), out)
+            return out
         p = self.packed
         sub = quant.Packed(
             p.fmt,

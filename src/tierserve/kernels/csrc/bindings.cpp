@@ -7,6 +7,7 @@ namespace tierserve {
 void linear_into(const at::Tensor& a, const at::Tensor& w_t, const c10::optional<at::Tensor>& bias,
                  at::Tensor& out, bool accumulate);
 void qweight_dequantize_into(const QWeight& w, at::Tensor& out);
+void qweight_columns_into(const QWeight& w, const at::Tensor& ids, at::Tensor& out);
 bool supported(int64_t group, int64_t head_dim, int64_t block_size);
 void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
                           const at::Tensor& v_cache, const at::Tensor& tables,
@@ -33,6 +34,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("bf16") = false, py::arg("int8") = false)
       .def_readonly("bf16", &QWeight::bf16)
       .def_readonly("int8", &QWeight::int8)
+      .def_readonly("released", &QWeight::released)
+      .def_property_readonly("nbytes", [](const QWeight& w) {
+        int64_t n = 0;
+        for (const at::Tensor* t : {&w.q, &w.d, &w.m, &w.i8})
+          if (t->defined()) n += t->numel() * t->element_size();
+        return n;
+      })
       .def_readonly("fmt", &QWeight::fmt)
       .def_readonly("K", &QWeight::K)
       .def_readonly("N", &QWeight::N)
@@ -48,6 +56,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("weight_linear_into", &tierserve::weight_linear_into, "out (+)= a @ W (+ bias), any format",
         release());
   m.def("dequantize_into", &tierserve::qweight_dequantize_into, "a quantized weight as float32",
+        release());
+  m.def("columns_into", &tierserve::qweight_columns_into, "columns of a quantized weight as rows",
         release());
   m.def("attention_supported", &tierserve::supported, "(group, head_dim, block) -> bool",
         release());

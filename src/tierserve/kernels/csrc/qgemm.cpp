@@ -524,6 +524,7 @@ void run_bf16(const float* a, int64_t lda, const QView& w, int64_t M, float* c, 
 }  // namespace
 
 float QView::value(int64_t r, int64_t n) const {
+  if (q == nullptr) return value_i8(*this, k_of_row(fmt, r), n);
   const int64_t b = r / kBlock;
   const float dv = half_to_float(d[b * N + n]);
   if (fmt == kQ8) return dv * static_cast<float>(static_cast<const int8_t*>(q)[r * N + n]);
@@ -538,9 +539,9 @@ QView QWeight::view() const {
   v.fmt = static_cast<int>(fmt);
   v.K = K;
   v.N = N;
-  v.q = q.data_ptr();
-  v.d = reinterpret_cast<const uint16_t*>(d.data_ptr());
-  v.m = fmt == kQ4 ? reinterpret_cast<const uint16_t*>(m.data_ptr()) : nullptr;
+  v.q = q.defined() ? q.data_ptr() : nullptr;
+  v.d = d.defined() ? reinterpret_cast<const uint16_t*>(d.data_ptr()) : nullptr;
+  v.m = fmt == kQ4 && m.defined() ? reinterpret_cast<const uint16_t*>(m.data_ptr()) : nullptr;
   v.bf16 = bf16;
   v.int8 = int8;
   v.i8 = i8.defined() ? i8.data_ptr() : nullptr;
@@ -580,7 +581,15 @@ QWeight::QWeight(int64_t fmt_, at::Tensor q_, c10::optional<at::Tensor> d_,
                 "QWeight: q4 needs fp16 mins shaped like d");
     m = *m_;
   }
-  if (int8) i8 = repack_i8(view());
+  if (int8) {
+    i8 = repack_i8(view());
+    if (N % 64 == 0) {  // no tail columns: nothing reads the GGUF layout any more
+      q = at::Tensor();
+      d = at::Tensor();
+      m = at::Tensor();
+      released = true;
+    }
+  }
 }
 
 int64_t QWeight::panel_min_rows = 7;
@@ -644,6 +653,13 @@ void qweight_dequantize_into(const QWeight& w, at::Tensor& out) {
               "dequantize: out must be float32 [K, N]");
   const QView v = w.view();
   float* o = out.data_ptr<float>();
+  if (v.q == nullptr) {  // only the int8 repack is left
+    at::parallel_for(0, w.K, 16, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k)
+        for (int64_t n = 0; n < w.N; ++n) o[k * w.N + n] = value_i8(v, k, n);
+    });
+    return;
+  }
   constexpr int64_t NR = kNV * VL;
   const int64_t tiles = w.N / NR;
   at::parallel_for(0, tiles + 1, 1, [&](int64_t t0, int64_t t1) {
@@ -661,6 +677,26 @@ void qweight_dequantize_into(const QWeight& w, at::Tensor& out) {
       for (int64_t r = 0; r < w.K; ++r)
         std::memcpy(o + k_of_row(v.fmt, r) * w.N + t * NR, buf.data() + r * NR, NR * sizeof(float));
     }
+  });
+}
+
+// Columns `ids` of W as rows: out[i, k] = W[k, ids[i]] (a tied embedding's lookup), from
+// whichever layout the weight holds.
+void qweight_columns_into(const QWeight& w, const at::Tensor& ids, at::Tensor& out) {
+  TORCH_CHECK(w.fmt != kF32, "columns: the weight is float32");
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.is_contiguous(),
+              "columns: ids must be a contiguous int64 vector");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 &&
+                  out.size(0) == ids.size(0) && out.size(1) == w.K,
+              "columns: out must be float32 [len(ids), K]");
+  const QView v = w.view();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < ids.size(0); ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < w.N, "columns: id ", id[i], " outside 0..", w.N - 1);
+  at::parallel_for(0, ids.size(0), 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t r = 0; r < w.K; ++r) o[i * w.K + k_of_row(v.fmt, r)] = v.value(r, id[i]);
   });
 }
 

@@ -264,6 +264,25 @@ void run_i8(const float* a, int64_t lda, const QView& w, int64_t M, float* c, co
 
 bool int8_products_available() { return true; }
 
+float value_i8(const QView& w, int64_t k, int64_t n) {
+  const int64_t t = n / kCols, c = n % kCols, b = k / kBlock, kk = k % kBlock;
+  const int v = static_cast<int>((c % 16) / 4), lane = static_cast<int>(4 * (c / 16) + c % 4);
+  const bool q8 = w.fmt == kQ8;
+  const int64_t bytes = q8 ? block_bytes<kQ8>() : block_bytes<kQ4>();
+  const uint8_t* pb = static_cast<const uint8_t*>(w.i8) + (t * (w.K / kBlock) + b) * bytes;
+  const uint16_t* sc = reinterpret_cast<const uint16_t*>(pb + (q8 ? 2048 : 1024));
+  const float d = half_to_float(sc[v * 16 + lane]);
+  if (q8) {
+    const int g = static_cast<int>(kk / 4), e = static_cast<int>(kk % 4);
+    return d * static_cast<float>(static_cast<int8_t>(pb[(g * 4 + v) * 64 + lane * 4 + e] ^ 0x80));
+  }
+  const int64_t j = kk % 16;
+  const int g = static_cast<int>(j / 4), e = static_cast<int>(j % 4);
+  const uint8_t byte = pb[(g * 4 + v) * 64 + lane * 4 + e];
+  const float qv = static_cast<float>(kk < 16 ? byte & 15 : byte >> 4);
+  return qv * d + half_to_float(sc[64 + v * 16 + lane]);
+}
+
 at::Tensor repack_i8(const QView& w) {
   const int64_t tiles = w.N / kCols;
   const int64_t bytes = w.fmt == kQ8 ? block_bytes<kQ8>() : block_bytes<kQ4>();
@@ -293,6 +312,7 @@ void qlinear_i8(const float* a, int64_t lda, const QView& w, int64_t M, float* o
 bool int8_products_available() { return false; }
 
 at::Tensor repack_i8(const QView&) { TORCH_CHECK(false, "int8 products need AVX512_VNNI"); }
+float value_i8(const QView&, int64_t, int64_t) { TORCH_CHECK(false, "no int8 repack here"); }
 
 void qlinear_i8(const float*, int64_t, const QView&, int64_t, float*, const float*, bool) {
   TORCH_CHECK(false, "int8 products need AVX512_VNNI");

@@ -56,6 +56,9 @@ struct QWeight {
   int64_t fmt, K, N;
   at::Tensor q, d, m;
   at::Tensor i8;  // with int8: the repacked weight the integer kernel streams
+  // With int8 and whole tiles (N % 64 == 0) the GGUF-layout tensors are dropped after the
+  // repack (q, d, m undefined): every reader goes through `i8` instead.
+  bool released = false;
   // Quantized formats only: products in bf16 with float32 sums, where the CPU has AVX512_BF16
   // (qgemm.cpp): ~2x the multiply-adds per instruction on compute-bound steps. Off elsewhere.
   bool bf16;
@@ -76,6 +79,7 @@ void weight_linear_into(const at::Tensor& a, const QWeight& w, const c10::option
 
 bool int8_products_available();
 at::Tensor repack_i8(const QView& w);
+float value_i8(const QView& w, int64_t k, int64_t n);  // the weight at (k, n) from `i8`
 void qlinear_i8(const float* a, int64_t lda, const QView& w, int64_t M, float* out,
                 const float* bias, bool accumulate);
 
