@@ -108,7 +108,8 @@ def run_preempting(first, late, after_steps: int, **engine_args) -> list:
     from tierserve.engine.builder import build_engine
     from tierserve.request import Request
 
-    eng = build_engine(EngineArgs(measure_costs=False, **engine_args), ManualClock()).engine
+    args = EngineArgs(measure_costs=False, activations="float32", **engine_args)  # as `llm`
+    eng = build_engine(args, ManualClock()).engine
     reqs = []
     for prio, batch in ((Priority.P3, first), (Priority.P0, late)):
         for p, sp in batch:
