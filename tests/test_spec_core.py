@@ -93,8 +93,10 @@ def test_speculative_config_takes_vllm_keys_and_names_bad_ones():
         parse_speculative_config('{"num_speculative_tokens": 0}')
     with pytest.raises(ValueError, match="unknown key"):
         parse_speculative_config('{"num_spec_tokens": 3}')
-    with pytest.raises(ValueError, match="draft model"):
-        parse_speculative_config('{"method": "draft_model", "model": "x.gguf"}')
+    with pytest.raises(ValueError, match="needs 'model'"):
+        parse_speculative_config('{"method": "draft_model"}')
+    with pytest.raises(ValueError, match="'model' is for method 'draft_model'"):
+        parse_speculative_config('{"method": "ngram", "model": "x.gguf"}')
     with pytest.raises(ValueError, match="not valid JSON"):
         parse_speculative_config("{num_speculative_tokens: 3")
     with pytest.raises(ValueError, match="prompt_lookup_min"):

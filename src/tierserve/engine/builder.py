@@ -15,10 +15,12 @@ from tierserve.core.predict.store import load_state, save_state
 from tierserve.core.spec import Speculation
 from tierserve.engine.args import PREDICTIVE_ORDER_S, EngineArgs, resolve_defaults
 from tierserve.engine.core import EngineCore
+from tierserve.executor.draft_loader import load_drafter
 from tierserve.executor.torch_executor import (
     TorchExecutor,
     blocks_for_gib,
     default_device,
+    kv_bytes_per_block,
 )
 from tierserve.model.config import ModelConfig
 from tierserve.model.loader import load_model
@@ -83,13 +85,27 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         quantization=args.quantization,
         activations=args.activations,
     )
-    loaded.weights = {}  # the model took what it needs
+    loaded.weights = {}  # the model took what it needs (the tokenizer stays: a draft model's
+    # vocabulary is checked against it)
     num_blocks = args.num_kv_blocks or blocks_for_gib(model, args.block_size, args.kv_cache_gib)
     num_cpu = (
         blocks_for_gib(model, args.block_size, resolved.swap_space_gib)
         if resolved.swap_space_gib
         else 0
     )
+    spec = args.speculative_config
+    drafter = None
+    if spec is not None and spec.method == "draft_model":
+        drafter = load_drafter(
+            spec.model or "",
+            loaded,
+            device,
+            dtype,
+            num_blocks * kv_bytes_per_block(model, args.block_size),
+            args.block_size,
+            args.quantization,
+            args.activations,
+        )
     executor = TorchExecutor(
         model,
         num_blocks,
@@ -98,6 +114,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         seed=args.seed,
         measure=args.measure_costs,
         tokenizer=loaded.tokenizer,
+        drafter=drafter,
     )
     max_len = context_length(args.max_model_len, loaded.config.max_position_embeddings)
     engine = EngineCore.build(

@@ -12,6 +12,16 @@ from tierserve.core.spec.ngram import propose_ngram
 # tokens so far, the most drafts wanted -> drafts
 Drafter = Callable[[list[int], int], list[int]]
 
+# A draft the executor fills in: with a draft model (method "draft_model") the scheduler plans
+# how many drafts each request verifies (the rule, the slots), and the executor's draft model
+# proposes them just before the verification step (executor/draft_model.py).
+DRAFT_PENDING = -1
+
+
+def pending_drafts(tokens: list[int], k: int) -> list[int]:
+    """k drafts to be proposed by the executor's draft model."""
+    return [DRAFT_PENDING] * k
+
 
 @dataclass
 class SpecCounts:
@@ -36,7 +46,9 @@ class SpecStepStats:
 class Speculation:
     def __init__(self, config: SpecConfig, drafter: Drafter | None = None, decay: float = 0.98):
         self.config = config
-        self.drafter = drafter or self._ngram
+        if drafter is None:
+            drafter = self._ngram if config.method == "ngram" else pending_drafts
+        self.drafter = drafter
         self.decay = decay
         # Decayed sums of drafts compared and accepted. Drafts after the first rejected one are
         # never compared (verification stops there), so acceptance per compared draft is the
