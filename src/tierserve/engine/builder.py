@@ -16,6 +16,7 @@ from tierserve.core.spec import Speculation
 from tierserve.engine.args import PREDICTIVE_ORDER_S, EngineArgs, resolve_defaults
 from tierserve.engine.core import EngineCore
 from tierserve.executor.draft_loader import load_drafter
+from tierserve.executor.draft_model import DraftModel
 from tierserve.executor.torch_executor import (
     TorchExecutor,
     blocks_for_gib,
@@ -143,11 +144,22 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         ),
         args.policy,
         args.priorities,
-        Speculation(args.speculative_config) if args.speculative_config else None,
+        speculation(args, drafter),
         predictor(args),
     )
     name = args.model or "SmolLM2-135M-Instruct"
     return BuiltEngine(engine, loaded.tokenizer, loaded.config, name, executor, args)
+
+
+def speculation(args: EngineArgs, drafter: DraftModel | None) -> Speculation | None:
+    """The scheduler's speculation state; with a draft model, its measured pass time (read on
+    the engine thread, where both the scheduler and the executor run) prices its drafts."""
+    if args.speculative_config is None:
+        return None
+    if drafter is None:
+        return Speculation(args.speculative_config)
+    drafter.measure()
+    return Speculation(args.speculative_config, draft_pass_s=lambda: drafter.pass_s)
 
 
 def predictor(args: EngineArgs) -> LengthPredictor:

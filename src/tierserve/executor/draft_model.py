@@ -14,6 +14,7 @@ pool runs short, the least recently used requests' state goes first (they catch 
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -62,6 +63,17 @@ class DraftModel:
         self.tables = BlockTables()
         self.plan = model.default_plan(block_size)
         self.evictions = 0  # states dropped for room (not for leaving)
+        # Seconds of one single-token pass (a decode of the draft model for the step's drafting
+        # requests), a moving average: what the scheduler's rule charges per draft token.
+        self.pass_s = 0.0
+
+    def measure(self, tokens: int = 32, passes: int = 4) -> float:
+        """Time single-token passes on a probe request (at start: the rule's first figure)."""
+        probe = "__draft_probe__"
+        for _ in range(2):  # the first pass warms up
+            self.propose({probe: [1] * tokens}, {probe: passes + 1})
+            self.drop(probe)
+        return self.pass_s
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -149,6 +161,7 @@ class DraftModel:
     def _greedy(self, states: dict[str, DraftState], scheduled: dict[str, int]) -> dict:
         """One forward pass of the draft model over `scheduled` tokens per request: the argmax
         after each request's last token."""
+        t0 = time.perf_counter()
         path = self.plan.path(sum(scheduled.values()))
         batch = build_batch(
             states,  # type: ignore[arg-type]  (DraftState has RequestState's fields)
@@ -172,4 +185,7 @@ class DraftModel:
         for rid, n in scheduled.items():
             states[rid].num_computed += n
         toks = logits.argmax(dim=-1).tolist()
+        if len(scheduled) == sum(scheduled.values()):  # single-token passes only
+            t = time.perf_counter() - t0
+            self.pass_s = t if self.pass_s == 0.0 else 0.8 * self.pass_s + 0.2 * t
         return dict(zip(batch.sample_ids, toks, strict=True))

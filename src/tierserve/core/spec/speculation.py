@@ -44,8 +44,17 @@ class SpecStepStats:
 
 
 class Speculation:
-    def __init__(self, config: SpecConfig, drafter: Drafter | None = None, decay: float = 0.98):
+    def __init__(
+        self,
+        config: SpecConfig,
+        drafter: Drafter | None = None,
+        decay: float = 0.98,
+        draft_pass_s: Callable[[], float] | None = None,
+    ):
         self.config = config
+        # Seconds one pass of a draft model takes (each draft token of a step costs one pass,
+        # shared by every request drafting in it); None: drafts cost nothing to propose.
+        self.draft_pass_s = draft_pass_s or (lambda: 0.0)
         if drafter is None:
             drafter = self._ngram if config.method == "ngram" else pending_drafts
         self.drafter = drafter
