@@ -82,13 +82,18 @@ def main() -> None:
     ap.add_argument("--activations", default="auto", help="auto (bf16 here) | float32")
     ap.add_argument("--draft-model", default=None, help="a draft model's path, or 'embedded'")
     ap.add_argument("--free-drafts", action="store_true", help="price draft passes at 0 s")
+    ap.add_argument(
+        "--quantization", default="auto", help="the target's (none: float32 weights; the draft "
+        "model keeps its own precision)"
+    )  # fmt: skip
     a = ap.parse_args()
     draft = str(default_model_path()) if a.draft_model == "embedded" else a.draft_model
     engines = {
-        "off": LLM(kv_cache_gib=0.5, activations=a.activations),
+        "off": LLM(kv_cache_gib=0.5, activations=a.activations, quantization=a.quantization),
         "on": LLM(
             kv_cache_gib=0.5,
             activations=a.activations,
+            quantization=a.quantization,
             speculative_config=SpecConfig(num_speculative_tokens=a.k),
             speculative_model=draft,
         ),

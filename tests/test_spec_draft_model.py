@@ -161,6 +161,16 @@ def test_a_small_pool_evicts_an_idle_requests_state_and_stays_exact(target, plai
     assert drafter.free_blocks + held == 6  # no block lost
 
 
+def test_a_draft_model_with_a_shorter_context_drafts_within_it(target, tmp_path, plain):
+    save_tiny(tmp_path, "LlamaForCausalLM", seed=3, max_position_embeddings=64)
+    fast = llm(target, tmp_path)
+    got = [o.token_ids for o in fast.generate(prompts(6), GREEDY)]
+    assert got == plain
+    _, rate = acceptance(fast)
+    # the same weights: accepted while within its 64 tokens, filler drafts (rejected) past them
+    assert 0.1 < rate < 0.9, rate
+
+
 # -- bad input at start ------------------------------------------------------------------------
 def test_a_missing_draft_model_fails_at_start(target, tmp_path):
     with pytest.raises(BadDraftModel, match="no such file or folder"):

@@ -104,8 +104,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             dtype,
             num_blocks * kv_bytes_per_block(model, args.block_size),
             args.block_size,
-            args.quantization,
-            args.activations,
+            activations=args.activations,
         )
     executor = TorchExecutor(
         model,

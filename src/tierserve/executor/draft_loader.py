@@ -53,7 +53,8 @@ def load_drafter(
     activations: str = "auto",
 ) -> DraftModel:
     """The draft model at `path`, checked against `target`, with a KV pool of about
-    `DRAFT_KV_SHARE` x `kv_bytes` (at least one block)."""
+    `DRAFT_KV_SHARE` x `kv_bytes` (at least one block). `quantization` is the draft's own
+    (default auto: the file's precision, e.g. a Q4 GGUF drafting for float32 weights)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise _bad(path, "no such file or folder")

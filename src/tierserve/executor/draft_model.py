@@ -63,6 +63,7 @@ class DraftModel:
         self.tables = BlockTables()
         self.plan = model.default_plan(block_size)
         self.evictions = 0  # states dropped for room (not for leaving)
+        self.max_len = model.config.max_position_embeddings
         # Seconds of one single-token pass (a decode of the draft model for the step's drafting
         # requests), a moving average: what the scheduler's rule charges per draft token.
         self.pass_s = 0.0
@@ -141,6 +142,9 @@ class DraftModel:
         keep = set(tokens)
         states: dict[str, DraftState] = {}
         for rid, toks in tokens.items():
+            if len(toks) + ks[rid] - 1 > self.max_len:  # past the draft model's context
+                self.drop(rid)
+                continue
             st = self._sync(rid, toks)
             if self._room(st, len(toks) + ks[rid] - 1, keep):
                 states[rid] = st
