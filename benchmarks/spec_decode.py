@@ -2,10 +2,14 @@
 process on the embedded model (issue 25's first targets).
 
     .venv/bin/python benchmarks/spec_decode.py [--concurrency 1 4] [--max-tokens 128]
+    .venv/bin/python benchmarks/spec_decode.py --draft-model embedded [--free-drafts] ...
 
 For each prompt set (benchmarks/data/grounded_prompts.jsonl: summarise, rewrite, extract, code
 edit; open_chat_prompts.jsonl) and each concurrency, the prompts run as greedy P0 chat requests,
-`concurrency` at a time, once with `--speculative-config` off and once with the n-gram drafter.
+`concurrency` at a time, once with `--speculative-config` off and once with the n-gram drafter
+(`--draft-model PATH`: with that draft model instead, `embedded` for the embedded GGUF drafting
+for itself; `--free-drafts`: the rule prices the draft model's passes at 0 s, so it drafts even
+where they cannot pay, to measure what they do).
 Reports mean TPOT (first token to last, per request), mean TTFT, tok/s, the acceptance rate,
 and whether the outputs were token-identical. One process, one engine at a time: run it on a
 quiet machine and name the CPU (`lscpu`) beside the figures.
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from tierserve.core.spec import SpecConfig
 from tierserve.llm import LLM
+from tierserve.model.loader import default_model_path
 from tierserve.priority import Priority
 from tierserve.request import Request
 from tierserve.sampling_params import SamplingParams
@@ -75,15 +80,29 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--sets", nargs="+", default=["grounded_prompts", "open_chat_prompts"])
     ap.add_argument("--activations", default="auto", help="auto (bf16 here) | float32")
+    ap.add_argument("--draft-model", default=None, help="a draft model's path, or 'embedded'")
+    ap.add_argument("--free-drafts", action="store_true", help="price draft passes at 0 s")
+    ap.add_argument(
+        "--quantization", default="auto", help="the target's (none: float32 weights; the draft "
+        "model keeps its own precision)"
+    )  # fmt: skip
     a = ap.parse_args()
+    draft = str(default_model_path()) if a.draft_model == "embedded" else a.draft_model
     engines = {
-        "off": LLM(kv_cache_gib=0.5, activations=a.activations),
+        "off": LLM(kv_cache_gib=0.5, activations=a.activations, quantization=a.quantization),
         "on": LLM(
             kv_cache_gib=0.5,
             activations=a.activations,
+            quantization=a.quantization,
             speculative_config=SpecConfig(num_speculative_tokens=a.k),
+            speculative_model=draft,
         ),
     }
+    drafter = engines["on"].engine.executor.drafter
+    if drafter is not None:
+        print(f"draft model {draft}: one pass {1e3 * drafter.pass_s:.1f} ms at start")
+        if a.free_drafts:
+            engines["on"].engine.scheduler.speculation.draft_pass_s = lambda: 0.0
     for llm in engines.values():  # warm both (autotune, first steps)
         run(llm, load("open_chat_prompts.jsonl")[:2], 2, 16)
     print(

@@ -93,8 +93,10 @@ def test_speculative_config_takes_vllm_keys_and_names_bad_ones():
         parse_speculative_config('{"num_speculative_tokens": 0}')
     with pytest.raises(ValueError, match="unknown key"):
         parse_speculative_config('{"num_spec_tokens": 3}')
-    with pytest.raises(ValueError, match="draft model"):
-        parse_speculative_config('{"method": "draft_model", "model": "x.gguf"}')
+    with pytest.raises(ValueError, match="needs 'model'"):
+        parse_speculative_config('{"method": "draft_model"}')
+    with pytest.raises(ValueError, match="'model' is for method 'draft_model'"):
+        parse_speculative_config('{"method": "ngram", "model": "x.gguf"}')
     with pytest.raises(ValueError, match="not valid JSON"):
         parse_speculative_config("{num_speculative_tokens: 3")
     with pytest.raises(ValueError, match="prompt_lookup_min"):
@@ -169,13 +171,15 @@ MEMORY_BOUND = (0.02, 1e-5, 2e-4, 0.0, 1e-8, 1e-4)
 COMPUTE_BOUND = (0.005, 1e-5, 0.01, 0.0, 1e-8, 1e-4)
 
 
-def drafting(priorities, coef, max_tokens=50):
-    """Run requests of these classes to their first decodes; drafted tokens per class."""
+def drafting(priorities, coef, max_tokens=50, pass_s=None):
+    """Run requests of these classes to their first decodes; drafted tokens per class.
+    `pass_s`: seconds a draft model's pass takes (None: drafts cost nothing to propose)."""
     eng, clock = build_engine("hybrid", 4096, "auto")
     s = eng.scheduler
     s.step_time = FixedTime(coef)
     cfg = SpecConfig(prior_acceptance=0.8)  # default classes: P0 and P1
-    s.speculation = Speculation(cfg, oracle(random.Random(0), 0.0))
+    cost = None if pass_s is None else (lambda: pass_s)
+    s.speculation = Speculation(cfg, oracle(random.Random(0), 0.0), draft_pass_s=cost)
     specs = make_specs(len(priorities), seed=9, max_prompt=60, max_out=max_tokens)
     for i, (sp, p) in enumerate(zip(specs, priorities, strict=True)):
         req = to_request(sp, clock.now())
@@ -192,6 +196,12 @@ def drafting(priorities, coef, max_tokens=50):
 def test_a_lone_p0_drafts_on_a_memory_bound_step_and_a_full_batch_does_not():
     assert drafting([0], MEMORY_BOUND)[0] > 0
     assert drafting([1] * 32, COMPUTE_BOUND)[1] == 0  # P1 drafts for throughput only
+
+
+def test_a_draft_model_as_slow_as_the_step_never_drafts_and_a_fast_one_does():
+    # the memory-bound step lasts ~20 ms: a pass of 20 ms per draft token cannot pay at 0.8
+    assert drafting([0], MEMORY_BOUND, pass_s=0.02)[0] == 0
+    assert drafting([0], MEMORY_BOUND, pass_s=0.002)[0] > 0
 
 
 def test_p2_and_p3_draft_only_when_alone():

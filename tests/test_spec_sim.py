@@ -53,3 +53,16 @@ def test_simulate_flags_name_bad_values():
         with_speculation([BASE], "{}", [0.5, 0.5])
     with pytest.raises(ValueError, match="spec-acceptance"):
         with_speculation([BASE], "{}", [1.5])
+
+
+def test_a_draft_model_config_runs_in_the_simulator_with_the_modelled_acceptance():
+    """Nothing is loaded: the simulator prices the drafts and draws their acceptance."""
+    from tierserve.sim.runner import with_speculation
+
+    light = replace(BASE, workload=replace(BASE.workload, mix=(1.0, 0, 0, 0), duration_s=10.0))
+    raw = '{"method": "draft_model", "model": "/nowhere/draft.gguf"}'
+    cfg = with_speculation([light], raw, [0.8])[0]
+    assert cfg.speculative.method == "draft_model"
+    spec = run_simulation(cfg)["speculation"]
+    # per draft 0.8, and drafts after a rejected one are never accepted: ~0.59 per drafted token
+    assert 0.45 < spec["accepted"][0] / spec["drafted"][0] < 0.75

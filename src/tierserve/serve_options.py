@@ -118,9 +118,15 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--speculative-config", E + "speculative_config", str, None,
-        "speculative decoding, vLLM's JSON keys: method (ngram), num_speculative_tokens, "
-        "prompt_lookup_max, prompt_lookup_min; plus classes (default [0, 1]). Default off",
+        "speculative decoding, vLLM's JSON keys: method (ngram | draft_model), model (the "
+        "draft model's path), num_speculative_tokens, prompt_lookup_max, prompt_lookup_min; "
+        "plus classes (default [0, 1]). Default off",
         to_field=parse_speculative_config,
+    ),
+    Option(
+        "--speculative-model", E + "speculative_model", str, None,
+        "a draft model (.gguf file or Hugging Face folder, same tokenizer as the served model) "
+        "proposing the drafts; with --speculative-config its other keys apply. Default none",
     ),
     Option(
         "--max-num-seqs", E + "max_num_seqs", int, None,

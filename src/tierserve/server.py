@@ -38,6 +38,7 @@ from tierserve.engine.builder import (
 )
 from tierserve.engine.core import StepStats
 from tierserve.engine.load import LateRequestCheck
+from tierserve.executor.draft_loader import BadDraftModel
 from tierserve.memory import fix_mmap_threshold, freeze_heap
 from tierserve.metrics import Metrics
 from tierserve.model.loader import ModelNotFound
@@ -175,7 +176,8 @@ def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | 
     args = replace(args, cpu_threads=threads.threads)
     try:
         state = build_state(args, settings, tenants=tenants)
-    except ModelNotFound as exc:  # found missing only now (e.g. the embedded model's package)
+    except (ModelNotFound, BadDraftModel) as exc:  # found only now (the embedded model's
+        # package missing, a draft model that cannot serve this one)
         log.error("%s", exc)
         return EXIT_BAD_SETTINGS
     log.info("%s", startup_line(state, args, threads))

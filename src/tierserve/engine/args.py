@@ -14,7 +14,7 @@ from tierserve.config import (
     PriorityConfig,
     SchedulerConfig,
 )
-from tierserve.core.spec.config import SpecConfig
+from tierserve.core.spec.config import SpecConfig, with_draft_model
 from tierserve.model.config import QUANTIZATIONS
 
 PREDICTIVE_USES = ("order", "reserve", "ttft")
@@ -77,6 +77,9 @@ class EngineArgs:
     # Speculative decoding (core/spec): None (off), or which drafter and how far; the scheduler
     # decides per class and per step whether drafts pay (docs/scheduling.md).
     speculative_config: SpecConfig | None = None
+    # `--speculative-model PATH`: a draft model (GGUF file or HF folder) as the drafter; merged
+    # into `speculative_config` (method "draft_model") when the args are built.
+    speculative_model: str | None = None
     # Predictive scheduling (core/predictive.py): which uses of the output-length predictor are
     # on: "order" (shortest predicted first in a class, 5 s aging bound), "reserve", "ttft".
     # The predictor learns either way; its state is kept in the cache dir across restarts
@@ -85,6 +88,8 @@ class EngineArgs:
     predictor_state: bool = True
 
     def __post_init__(self) -> None:
+        spec = with_draft_model(self.speculative_config, self.speculative_model)
+        object.__setattr__(self, "speculative_config", spec)  # (frozen: set once, here)
         bad = set(self.predictive) - set(PREDICTIVE_USES)
         if bad:
             raise ValueError(

@@ -15,10 +15,13 @@ from tierserve.core.predict.store import load_state, save_state
 from tierserve.core.spec import Speculation
 from tierserve.engine.args import PREDICTIVE_ORDER_S, EngineArgs, resolve_defaults
 from tierserve.engine.core import EngineCore
+from tierserve.executor.draft_loader import load_drafter
+from tierserve.executor.draft_model import DraftModel
 from tierserve.executor.torch_executor import (
     TorchExecutor,
     blocks_for_gib,
     default_device,
+    kv_bytes_per_block,
 )
 from tierserve.model.config import ModelConfig
 from tierserve.model.loader import load_model
@@ -83,13 +86,26 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         quantization=args.quantization,
         activations=args.activations,
     )
-    loaded.weights = {}  # the model took what it needs
+    loaded.weights = {}  # the model took what it needs (the tokenizer stays: a draft model's
+    # vocabulary is checked against it)
     num_blocks = args.num_kv_blocks or blocks_for_gib(model, args.block_size, args.kv_cache_gib)
     num_cpu = (
         blocks_for_gib(model, args.block_size, resolved.swap_space_gib)
         if resolved.swap_space_gib
         else 0
     )
+    spec = args.speculative_config
+    drafter = None
+    if spec is not None and spec.method == "draft_model":
+        drafter = load_drafter(
+            spec.model or "",
+            loaded,
+            device,
+            dtype,
+            num_blocks * kv_bytes_per_block(model, args.block_size),
+            args.block_size,
+            activations=args.activations,
+        )
     executor = TorchExecutor(
         model,
         num_blocks,
@@ -98,6 +114,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         seed=args.seed,
         measure=args.measure_costs,
         tokenizer=loaded.tokenizer,
+        drafter=drafter,
     )
     max_len = context_length(args.max_model_len, loaded.config.max_position_embeddings)
     engine = EngineCore.build(
@@ -126,11 +143,22 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         ),
         args.policy,
         args.priorities,
-        Speculation(args.speculative_config) if args.speculative_config else None,
+        speculation(args, drafter),
         predictor(args),
     )
     name = args.model or "SmolLM2-135M-Instruct"
     return BuiltEngine(engine, loaded.tokenizer, loaded.config, name, executor, args)
+
+
+def speculation(args: EngineArgs, drafter: DraftModel | None) -> Speculation | None:
+    """The scheduler's speculation state; with a draft model, its measured pass time (read on
+    the engine thread, where both the scheduler and the executor run) prices its drafts."""
+    if args.speculative_config is None:
+        return None
+    if drafter is None:
+        return Speculation(args.speculative_config)
+    drafter.measure()
+    return Speculation(args.speculative_config, draft_pass_s=lambda: drafter.pass_s)
 
 
 def predictor(args: EngineArgs) -> LengthPredictor:

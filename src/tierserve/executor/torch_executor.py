@@ -20,6 +20,7 @@ from tierserve.core.preemption import PreemptionCosts
 from tierserve.executor.autotune import load_or_measure
 from tierserve.executor.batch import build_batch
 from tierserve.executor.block_table import BlockTables
+from tierserve.executor.draft_model import DraftModel
 from tierserve.executor.sampling_state import SamplingState
 from tierserve.executor.scoring import prompt_logprobs
 from tierserve.model.base import CausalLM
@@ -87,10 +88,13 @@ class TorchExecutor:
         seed: int | None = None,
         measure: bool = True,
         tokenizer: ChatTokenizer | None = None,
+        drafter: DraftModel | None = None,
     ) -> None:
         """`tokenizer`: the model's, for structured output (grammar masks are computed over
-        its vocabulary); without it a request with a grammar fails."""
+        its vocabulary); without it a request with a grammar fails. `drafter`: the draft model
+        that fills the drafts the scheduler planned (method "draft_model")."""
         self.model = model
+        self.drafter = drafter
         self.block_size = block_size
         self.num_blocks = num_blocks
         dev, dt = model.device, model.dtype
@@ -191,6 +195,8 @@ class TorchExecutor:
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
         for rid in out.finished_req_ids | out.preempted_req_ids:
             self.drop_state(rid)
+            if self.drafter is not None:
+                self.drafter.drop(rid)
         self.last_swap_seconds = (
             self._timed_copy(self.host_caches, self.kv_caches, out.blocks_to_swap_in),
             self._timed_copy(self.kv_caches, self.host_caches, out.blocks_to_swap_out),
@@ -216,6 +222,8 @@ class TorchExecutor:
         if failed:
             scheduled = {rid: n for rid, n in scheduled.items() if rid not in failed}
         drafts = {rid: d for rid, d in out.spec_token_ids.items() if rid in scheduled}
+        if drafts and self.drafter is not None:  # planned drafts, proposed now
+            drafts = self.drafter.fill(drafts, {rid: self.states[rid].tokens for rid in drafts})
         for rid, d in drafts.items():
             self.states[rid].tokens.extend(d)  # verified below; rejected ones are dropped
         result = (

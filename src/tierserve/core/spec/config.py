@@ -4,11 +4,14 @@ key."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-METHODS = ("ngram",)
+# vLLM's names: "ngram" (prompt lookup), "draft_model" (a separate, smaller model; vLLM also
+# infers it from "model" given without "method").
+METHODS = ("ngram", "draft_model")
 _KEYS = {
     "method",
+    "model",
     "num_speculative_tokens",
     "prompt_lookup_max",
     "prompt_lookup_min",
@@ -21,6 +24,7 @@ _KEYS = {
 @dataclass(frozen=True)
 class SpecConfig:
     method: str = "ngram"
+    model: str | None = None  # draft_model: the draft model's path (GGUF file or HF folder)
     num_speculative_tokens: int = 4  # the most drafts per request per step
     prompt_lookup_max: int = 4  # longest suffix n-gram looked up
     prompt_lookup_min: int = 2  # shortest
@@ -38,6 +42,10 @@ class SpecConfig:
 
         if self.method not in METHODS:
             bad(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.method == "draft_model" and not self.model:
+            bad("method 'draft_model' needs 'model': the draft model's path (.gguf or folder)")
+        if self.method != "draft_model" and self.model is not None:
+            bad(f"'model' is for method 'draft_model', not {self.method!r}")
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -71,16 +79,29 @@ def parse_speculative_config(raw: str | dict | None) -> SpecConfig | None:
     if not isinstance(raw, dict):
         raise ValueError(f"speculative config must be a JSON object, got {raw!r}")
     unknown = set(raw) - _KEYS
-    if "model" in unknown:
-        raise ValueError(
-            "speculative config: a draft model is not supported yet; use method 'ngram'"
-        )
     if unknown:
         raise ValueError(
             f"speculative config: unknown key(s) {sorted(unknown)}; known: {sorted(_KEYS)}"
         )
     kw = dict(raw)
+    if kw.get("model") is not None and "method" not in kw:
+        kw["method"] = "draft_model"  # as vLLM infers it
     for key in ("classes", "latency_classes"):
         if key in kw:
             kw[key] = tuple(kw[key])
     return SpecConfig(**kw)
+
+
+def with_draft_model(config: SpecConfig | None, path: str | None) -> SpecConfig | None:
+    """`--speculative-model PATH` over `--speculative-config`: the config (or the defaults)
+    with the draft model as drafter. A config naming another model is an error."""
+    if not path:
+        return config
+    if config is None:
+        return SpecConfig(method="draft_model", model=path)
+    if config.model not in (None, path):
+        raise ValueError(
+            f"--speculative-model {path!r} and --speculative-config's model {config.model!r} "
+            "differ: give the draft model once"
+        )
+    return replace(config, method="draft_model", model=path)

@@ -41,6 +41,9 @@ def plan_drafts(s: Scheduler, plan: StepPlan) -> None:
     base_rate = tokens / step_s if step_s > 0 else None  # before anyone's drafts
     alone = len(s.running) == 1 and len(s.policy) == 0 and not s.swapped
     cfg = spec.config
+    # A draft model proposes k drafts in k passes shared by the step's drafting requests: a
+    # request drafting more than anyone before it pays the passes the others did not.
+    pass_s, passes = spec.draft_pass_s(), 0
     for req in sorted(decodes, key=s.policy.traits.rank):
         if plan.budget <= 0:
             break
@@ -57,8 +60,9 @@ def plan_drafts(s: Scheduler, plan: StepPlan) -> None:
             continue
         ctx = req.num_tokens
 
-        def extra(k: int, ctx=ctx) -> float:
-            return coef.seconds(draft_work(ctx, k), with_overhead=False)
+        def extra(k: int, ctx=ctx, paid=passes) -> float:
+            verify = coef.seconds(draft_work(ctx, k), with_overhead=False)
+            return verify + max(0, k - paid) * pass_s
 
         # The rule first (plain arithmetic), the drafter only where drafts could pay: a large
         # batch never pays for a lookup per request.
@@ -78,4 +82,5 @@ def plan_drafts(s: Scheduler, plan: StepPlan) -> None:
             continue
         plan.speculate(req, drafts[:k], ids)
         step_s += extra(k)
+        passes = max(passes, k)
         tokens += expected_tokens(alpha, k) - 1  # what its drafts are expected to yield

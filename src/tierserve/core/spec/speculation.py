@@ -12,6 +12,16 @@ from tierserve.core.spec.ngram import propose_ngram
 # tokens so far, the most drafts wanted -> drafts
 Drafter = Callable[[list[int], int], list[int]]
 
+# A draft the executor fills in: with a draft model (method "draft_model") the scheduler plans
+# how many drafts each request verifies (the rule, the slots), and the executor's draft model
+# proposes them just before the verification step (executor/draft_model.py).
+DRAFT_PENDING = -1
+
+
+def pending_drafts(tokens: list[int], k: int) -> list[int]:
+    """k drafts to be proposed by the executor's draft model."""
+    return [DRAFT_PENDING] * k
+
 
 @dataclass
 class SpecCounts:
@@ -34,9 +44,20 @@ class SpecStepStats:
 
 
 class Speculation:
-    def __init__(self, config: SpecConfig, drafter: Drafter | None = None, decay: float = 0.98):
+    def __init__(
+        self,
+        config: SpecConfig,
+        drafter: Drafter | None = None,
+        decay: float = 0.98,
+        draft_pass_s: Callable[[], float] | None = None,
+    ):
         self.config = config
-        self.drafter = drafter or self._ngram
+        # Seconds one pass of a draft model takes (each draft token of a step costs one pass,
+        # shared by every request drafting in it); None: drafts cost nothing to propose.
+        self.draft_pass_s = draft_pass_s or (lambda: 0.0)
+        if drafter is None:
+            drafter = self._ngram if config.method == "ngram" else pending_drafts
+        self.drafter = drafter
         self.decay = decay
         # Decayed sums of drafts compared and accepted. Drafts after the first rejected one are
         # never compared (verification stops there), so acceptance per compared draft is the
