@@ -653,13 +653,7 @@ void qweight_dequantize_into(const QWeight& w, at::Tensor& out) {
               "dequantize: out must be float32 [K, N]");
   const QView v = w.view();
   float* o = out.data_ptr<float>();
-  if (v.q == nullptr) {  // only the int8 repack is left
-    at::parallel_for(0, w.K, 16, [&](int64_t k0, int64_t k1) {
-      for (int64_t k = k0; k < k1; ++k)
-        for (int64_t n = 0; n < w.N; ++n) o[k * w.N + n] = value_i8(v, k, n);
-    });
-    return;
-  }
+  if (v.q == nullptr) return dequantize_i8(v, o);  // only the int8 repack is left
   constexpr int64_t NR = kNV * VL;
   const int64_t tiles = w.N / NR;
   at::parallel_for(0, tiles + 1, 1, [&](int64_t t0, int64_t t1) {

@@ -264,6 +264,35 @@ void run_i8(const float* a, int64_t lda, const QView& w, int64_t M, float* c, co
 
 bool int8_products_available() { return true; }
 
+void dequantize_i8(const QView& w, float* out) {
+  const bool q8 = w.fmt == kQ8;
+  const int64_t N = w.N, nb = w.K / kBlock, bytes = q8 ? block_bytes<kQ8>() : block_bytes<kQ4>();
+  at::parallel_for(0, N / kCols, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* pb = static_cast<const uint8_t*>(w.i8) + (t * nb + b) * bytes;
+        const uint16_t* sc = reinterpret_cast<const uint16_t*>(pb + (q8 ? 2048 : 1024));
+        for (int g = 0; g < (q8 ? 8 : 4); ++g)
+          for (int v = 0; v < 4; ++v)
+            for (int lane = 0; lane < 16; ++lane) {
+              const int64_t n = t * kCols + lane_column(v, lane);
+              const float d = half_to_float(sc[v * 16 + lane]);
+              const float mn = q8 ? 0.f : half_to_float(sc[64 + v * 16 + lane]);
+              for (int e = 0; e < 4; ++e) {
+                const uint8_t byte = pb[(g * 4 + v) * 64 + lane * 4 + e];
+                const int64_t k = b * kBlock + 4 * g + e;
+                if (q8) {
+                  out[k * N + n] = d * static_cast<float>(static_cast<int8_t>(byte ^ 0x80));
+                } else {
+                  out[k * N + n] = static_cast<float>(byte & 15) * d + mn;
+                  out[(k + 16) * N + n] = static_cast<float>(byte >> 4) * d + mn;
+                }
+              }
+            }
+      }
+  });
+}
+
 float value_i8(const QView& w, int64_t k, int64_t n) {
   const int64_t t = n / kCols, c = n % kCols, b = k / kBlock, kk = k % kBlock;
   const int v = static_cast<int>((c % 16) / 4), lane = static_cast<int>(4 * (c / 16) + c % 4);
@@ -313,6 +342,7 @@ bool int8_products_available() { return false; }
 
 at::Tensor repack_i8(const QView&) { TORCH_CHECK(false, "int8 products need AVX512_VNNI"); }
 float value_i8(const QView&, int64_t, int64_t) { TORCH_CHECK(false, "no int8 repack here"); }
+void dequantize_i8(const QView&, float*) { TORCH_CHECK(false, "no int8 repack here"); }
 
 void qlinear_i8(const float*, int64_t, const QView&, int64_t, float*, const float*, bool) {
   TORCH_CHECK(false, "int8 products need AVX512_VNNI");

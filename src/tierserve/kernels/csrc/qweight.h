@@ -80,6 +80,7 @@ void weight_linear_into(const at::Tensor& a, const QWeight& w, const c10::option
 bool int8_products_available();
 at::Tensor repack_i8(const QView& w);
 float value_i8(const QView& w, int64_t k, int64_t n);  // the weight at (k, n) from `i8`
+void dequantize_i8(const QView& w, float* out);         // all of it, [K, N] (N % 64 == 0)
 void qlinear_i8(const float* a, int64_t lda, const QView& w, int64_t M, float* out,
                 const float* bias, bool accumulate);
 
