@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from tierserve.routing import ROUTER_NAMES
 from tierserve.sim.fleet import FleetConfig, run_fleet
+from tierserve.sim.fleet_scale import AutoscaleConfig
 from tierserve.sim.runner import SimConfig, run_simulation
 from tierserve.sim.workload import WorkloadConfig
 
@@ -71,6 +72,46 @@ def fleet_configs(
         FleetConfig(replace(base, workload=replace(base.workload, concurrency=c)), replicas, r)
         for c in loads
         for r in routers
+    ]
+
+
+# The cluster ingress's pieces on the same fleet (issue 24; docs/scale-out.md, "Simulated
+# fleet"). 40 s of arrivals, measured after 10 s, to keep the six runs to minutes.
+# * admission: open-loop Poisson arrivals at about twice what 16 replicas serve (about 300
+#   requests/s of this mix), least-loaded routing without admission against the default
+#   router with fleet SLA admission;
+# * the ingress queue: the fleet scenario's overload (512 closed-loop clients per replica),
+#   off and on;
+# * autoscaling: a 40 s peak at 0.8 x the fleet's capacity between quiet spells at 0.15 x;
+#   a fixed fleet of 16 (sized for the peak) against the autoscaler between 4 and 16.
+INGRESS_WORKLOAD = replace(FLEET_BASE.workload, duration_s=40.0, warmup_s=10.0)
+FLEET_CAPACITY_RPS = 300.0
+PEAK_PROFILE = ((0.0, 0.15), (30.0, 0.8), (70.0, 0.15))
+PEAK_WORKLOAD = replace(
+    FLEET_BASE.workload, arrival="poisson", rate=FLEET_CAPACITY_RPS, duration_s=110.0,
+    warmup_s=10.0,
+)  # fmt: skip
+
+
+def fleet_ingress_configs(base: SimConfig = FLEET_BASE) -> list[FleetConfig]:
+    over = replace(base, workload=replace(INGRESS_WORKLOAD, arrival="poisson",
+                                          rate=2 * FLEET_CAPACITY_RPS))  # fmt: skip
+    closed = replace(base, workload=replace(INGRESS_WORKLOAD, concurrency=FLEET_LOADS[1]))
+    peak = replace(base, workload=PEAK_WORKLOAD)
+    n = FLEET_REPLICAS
+    return [
+        FleetConfig(over, n, "least-loaded", label="admission: off (least-loaded)"),
+        FleetConfig(over, n, sla_admission=True, label="admission: fleet SLA admission"),
+        FleetConfig(closed, n, label="queue: off"),
+        FleetConfig(closed, n, ingress_queue=True, label="queue: on"),
+        FleetConfig(peak, n, rate_profile=PEAK_PROFILE, label="autoscale: fixed 16"),
+        FleetConfig(
+            peak,
+            4,
+            rate_profile=PEAK_PROFILE,
+            autoscale=AutoscaleConfig(4, n),
+            label="autoscale: 4:16",
+        ),
     ]
 
 
@@ -162,7 +203,8 @@ def _run(cfg: SimConfig | FleetConfig) -> dict:
 
 def _label(cfg: SimConfig | FleetConfig) -> str:
     if isinstance(cfg, FleetConfig):
-        return f"{cfg.router} x {cfg.sim.workload.concurrency}"
+        w = cfg.sim.workload
+        return f"{cfg.name} x {w.concurrency if w.arrival == 'closed' else f'{w.rate:g}/s'}"
     return f"{cfg.policy} x {cfg.workload.concurrency}"
 
 
