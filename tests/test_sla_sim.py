@@ -177,7 +177,10 @@ def test_simulate_with_sla_admission_writes_the_goodput_report(tmp_path):
     report = (out / "report.md").read_text()
     assert "## Goodput and SLA admission" in report and "TTFT predictor error" in report
     assert (out / "goodput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert main(["simulate", "--sla-admission", "on", "--replicas", "2", "--out", str(out)]) == 2
+    # (With --replicas it is the fleet ingress's admission: test_sim_fleet_ingress.py.)
+    assert (
+        main(["simulate", "--sla-admission", "on", "--scenario", "fleet", "--out", str(out)]) == 2
+    )
     assert main(["simulate", "--sla-admission", "on", "--sla-margin", "0", "--out", str(out)]) == 2
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from tierserve.model.config import QUANTIZATIONS
+from tierserve.simulate_cli import workload_config  # noqa: F401 (re-exported)
 
 
 def _bench_kv(args: argparse.Namespace) -> int:
@@ -60,114 +61,6 @@ def _bench_quality(args: argparse.Namespace) -> int:
             print(f"\n== {r.quantization}")
             for a in r.answers:
                 print(" ", repr(a))
-    return 0
-
-
-def workload_config(args: argparse.Namespace):
-    """The simulate command's workload flags as a WorkloadConfig."""
-    from tierserve.sim.workload import WorkloadConfig
-
-    return WorkloadConfig(
-        arrival=args.arrival,
-        rate=args.rate,
-        gamma_cv=args.gamma_cv,
-        duration_s=args.duration,
-        warmup_s=args.warmup,
-        shared_prefixes=args.shared_prefixes,
-        seed=args.seed,
-    )
-
-
-def _simulate(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-    from pathlib import Path
-
-    from tierserve.sim.fleet import FleetConfig
-    from tierserve.sim.fleet_report import fleet_targets, write_fleet_all
-    from tierserve.sim.profiles import profile_notes
-    from tierserve.sim.report import targets, write_all
-    from tierserve.sim.runner import SimConfig, with_speculation
-    from tierserve.sim.scenarios import (
-        MEMORY_PRESSURE_BASE,
-        SEED_BASE,
-        fleet_configs,
-        grid_configs,
-        run_grid,
-        seed_table_configs,
-        seed_table_sla_configs,
-        with_sla_admission,
-    )
-
-    sla_on, margin = args.sla_admission == "on", args.sla_margin
-    if sla_on and (args.replicas > 1 or args.router or args.scenario == "fleet"):
-        print("tierserve simulate: --sla-admission on is not supported for fleets", file=sys.stderr)
-        return 2
-    if margin is not None and not margin > 0:
-        print(f"tierserve simulate: --sla-margin must be positive, got {margin}", file=sys.stderr)
-        return 2
-    if args.scenario == "seed-table":
-        configs = seed_table_configs(with_sla_admission(SEED_BASE, sla_on, margin))
-        title = "Seed table: P0/P1 TTFT under mixed load"
-        if sla_on:
-            title += ", SLA admission on"
-    elif args.scenario == "seed-table-sla":
-        configs = seed_table_sla_configs(margin)
-        title = "Seed table: SLA admission off and on"
-    elif args.scenario == "memory-pressure":
-        configs = seed_table_configs(with_sla_admission(MEMORY_PRESSURE_BASE, sla_on, margin))
-        title = "Memory pressure: the seed grid with the KV cache capped at 12,000 blocks"
-    elif args.scenario == "fleet":
-        configs = fleet_configs(routers=args.router) if args.router else fleet_configs()
-        title = "Fleet: routers compared on simulated replicas"
-    else:
-        wl = workload_config(args)
-        base = replace(
-            SEED_BASE if args.hardware is None else SimConfig(),
-            **{
-                k: v
-                for k, v in (
-                    ("hardware", args.hardware),
-                    ("model", args.model),
-                    ("tp", args.tp),
-                    ("max_num_seqs", args.max_num_seqs),
-                    ("max_num_batched_tokens", args.max_num_batched_tokens),
-                )
-                if v is not None
-            },
-            workload=wl,
-            max_retries=args.max_retries,
-            demote_tenants=tuple(args.sla_demote or ()),
-            end_early_tenants=tuple(args.sla_end_early or ()),
-        )
-        base = with_sla_admission(base, sla_on, margin)
-        conc = args.concurrency if args.arrival == "closed" else [0]
-        configs = grid_configs(base, args.policy or ["fcfs", "hybrid"], conc)
-        title = "Simulation"
-        if args.replicas < 1:
-            print("tierserve simulate: --replicas must be at least 1", file=sys.stderr)
-            return 2
-        if args.replicas > 1 or args.router:
-            configs = [
-                FleetConfig(c, args.replicas, r)
-                for c in configs
-                for r in (args.router or ["priority-aware"])
-            ]
-            title = "Fleet simulation"
-    try:
-        configs = with_speculation(configs, args.speculative_config, args.spec_acceptance)
-        for hw in sorted({getattr(c, "sim", c).hardware for c in configs}):
-            for note in profile_notes(hw):
-                print(note, file=sys.stderr)
-    except ValueError as exc:
-        print(f"tierserve simulate: {exc}", file=sys.stderr)
-        return 2
-    results = run_grid(configs, args.workers)
-    out = Path(args.out)
-    fleet = isinstance(configs[0], FleetConfig)
-    for f in (write_fleet_all if fleet else write_all)(results, out, title):
-        print(f"wrote {f}")
-    for name, ok, detail in (fleet_targets if fleet else targets)(results):
-        print(f"{'PASS' if ok else 'MISS'}: {name} ({detail})")
     return 0
 
 
@@ -292,61 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--products", nargs="*", default=[], choices=["bfloat16", "int8"])
     q.set_defaults(func=_bench_quality)
 
+    from tierserve.simulate_cli import add_simulate_arguments, simulate
+
     sm = sub.add_parser("simulate", help="run the real scheduler on a simulated cluster")
-    sm.add_argument(
-        "--scenario",
-        choices=["seed-table", "seed-table-sla", "memory-pressure", "fleet", "custom"],
-        default="custom",
-    )
-    sm.add_argument("--out", default="out/sim", help="folder for results.json, report.md, PNGs")
-    sm.add_argument("--policy", action="append", help="policy (repeatable; default fcfs, hybrid)")
-    sm.add_argument("--concurrency", type=int, nargs="+", default=[32, 128, 512])
-    sm.add_argument("--hardware", default=None, help="profile name or .json (default a100-80gb)")
-    sm.add_argument("--model", default=None, help="profile name or .json (default llama-3.1-70b)")
-    sm.add_argument("--tp", type=int, default=None, help="tensor parallel size (default 8)")
-    sm.add_argument("--max-num-seqs", type=int, default=None)
-    sm.add_argument("--max-num-batched-tokens", type=int, default=None)
-    sm.add_argument("--arrival", choices=["closed", "poisson", "gamma"], default="closed")
-    sm.add_argument("--rate", type=float, default=5.0, help="open loop: requests per second")
-    sm.add_argument("--gamma-cv", type=float, default=2.0, help="gamma arrivals: CV of the gaps")
-    sm.add_argument("--duration", type=float, default=600.0, help="simulated seconds of arrivals")
-    sm.add_argument("--warmup", type=float, default=150.0, help="seconds not measured")
-    sm.add_argument("--shared-prefixes", action="store_true", help="per-class system prompts")
-    sm.add_argument("--seed", type=int, default=0)
-    sm.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
-    sm.add_argument("--replicas", type=int, default=1, help="simulated engine replicas")
-    sm.add_argument(
-        "--sla-admission",
-        choices=["on", "off"],
-        default="off",
-        help="refuse requests predicted to miss their class's TTFT SLA (seed-table-sla: both)",
-    )
-    sm.add_argument("--sla-margin", type=float, default=None, help="admit while TTFT <= m x SLA")
-    sm.add_argument(
-        "--max-retries", type=int, default=3, help="closed loop: retries of a refused request"
-    )
-    sm.add_argument(
-        "--sla-demote", nargs="+", metavar="TENANT", help="tenants (tenant-0..3) opted in to P3"
-    )
-    sm.add_argument(
-        "--sla-end-early", nargs="+", metavar="TENANT", help="tenants opted in to early ends"
-    )
-    sm.add_argument(
-        "--router",
-        action="append",
-        choices=["round-robin", "least-loaded", "prefix-only", "priority-aware", "step-oracle"],
-        help="how arrivals pick a replica (repeatable; default priority-aware; fleet: the "
-        "first four; step-oracle is a simulator-only reference)",
-    )
-    sm.add_argument(
-        "--speculative-config", default=None,
-        help="speculative decoding, as for serve (JSON; default off); fleets not yet",
-    )  # fmt: skip
-    sm.add_argument(
-        "--spec-acceptance", type=float, nargs="+", default=[0.7],
-        help="per-draft acceptance: one for every class, or four (P0..P3)",
-    )  # fmt: skip
-    sm.set_defaults(func=_simulate)
+    add_simulate_arguments(sm)
+    sm.set_defaults(func=simulate)
 
     c = sub.add_parser("calibrate", help="fit a cpu-local cost profile on the real CPU engine")
     c.add_argument("--out", default=None, help="profile path (default: user profile folder)")

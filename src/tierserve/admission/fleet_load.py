@@ -18,6 +18,19 @@ from tierserve.admission.ttft import Load, predict_ttft
 from tierserve.priority import Priority
 
 
+def fleet_queue_depth(
+    waiting: tuple[int, ...], running: tuple[int, ...], seats: int, priority: Priority
+) -> int:
+    """Admission's queue depth of class `priority` over a fleet: the requests of that class
+    waiting anywhere (on a replica, or at the ingress: `waiting`) less the seats that would
+    still be free for them once every other class's waiters had one (`seats` in all,
+    `running` held). A cluster ingress (cluster/remote_engine.py) and the simulated fleet's
+    (sim/fleet_ingress.py) both count with it."""
+    own = waiting[priority]
+    free = max(0, seats - sum(running) - (sum(waiting) - own))
+    return max(0, own - free)
+
+
 def judged_load(load: Load, priority: Priority) -> Load:
     """The work SLA admission judges a class-`priority` request on: for P0 its own class only
     (what shedding every lower class would leave), for the others everything."""

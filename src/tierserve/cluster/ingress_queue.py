@@ -24,7 +24,8 @@ per round: a fair share of the seats by request), first come first served within
   dead work is ever sent. A replica that dies changes nothing for requests waiting here (they
   are bound to none); its seats leave the view with it.
 
-Runs on the ingress's event loop only (no locks); plain asyncio, no Ray.
+Runs on the ingress's event loop only (no locks); plain asyncio, no Ray. The decisions (room,
+order) are ``routing/late_binding.py``'s, which the simulated fleet uses too.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 
 from tierserve.cluster.fleet import FleetView
 from tierserve.priority import NUM_PRIORITIES, Priority
+from tierserve.routing.late_binding import WaitQueue, class_room
 
 # A replica's report shows its engine up to a snapshot period before it was sent (as
 # remote_engine.ACK_MARGIN_S): a request sent that little before a report counts as not in it.
@@ -53,9 +55,7 @@ class IngressQueue:
     def __init__(self, now=time.monotonic) -> None:
         self._now = now
         self.view = FleetView()
-        # Per class: tenant -> its waiting entries (oldest first), and the tenants' turn order.
-        self._queues: list[dict[str, deque[_Entry]]] = [{} for _ in range(NUM_PRIORITIES)]
-        self._turns: list[deque[str]] = [deque() for _ in range(NUM_PRIORITIES)]
+        self._waiting: WaitQueue[_Entry] = WaitQueue()  # the order: routing/late_binding.py
         # Per class: when each request was sent, and when each started stream of ours ended
         # (the recent ones: the reports do not show them yet).
         self._sent: list[deque[float]] = [deque() for _ in range(NUM_PRIORITIES)]
@@ -64,24 +64,19 @@ class IngressQueue:
     # -- state --------------------------------------------------------------------------------
     def depth(self, priority: Priority | None = None) -> int:
         """Requests waiting here (of `priority`, or all)."""
-        classes = range(NUM_PRIORITIES) if priority is None else (int(priority),)
-        return sum(len(q) for c in classes for q in self._queues[c].values())
+        return self._waiting.depth(priority)
 
     def room(self, priority: Priority) -> int:
         """Requests of `priority` the fleet could start now, as far as this ingress can tell:
-        the seats not held or claimed by its class or a more urgent one (a seat of a less
-        urgent class is one the engine preempts for it), on every replica in the board's view,
-        minus what this ingress sent of those classes after (about) each report, plus the seats
-        its own streams of those classes gave back since."""
+        ``class_room`` of the board's view (the seats not held or claimed by its class or a
+        more urgent one), minus what this ingress sent of those classes after (about) each
+        report, plus the seats its own streams of those classes gave back since."""
         v, c = self.view, int(priority) + 1
         since = min(v.reported_at.values(), default=-math.inf) - SENT_MARGIN_S
         for times in (*self._sent, *self._freed):  # what every report already shows
             while times and times[0] < since:
                 times.popleft()
-        seats = sum(
-            max(0, x.max_num_seqs - sum(x.running[:c]) - sum(x.waiting[:c]))
-            for x in v.loads.values()
-        )
+        seats = class_room(v.loads.values(), priority)
         return seats - sum(map(len, self._sent[:c])) + sum(map(len, self._freed[:c]))
 
     def free_seats(self) -> int:
@@ -103,56 +98,26 @@ class IngressQueue:
         """Return when a request of `priority` from `tenant` may be sent (at once for P0, or
         with room for its class and no one of its class or a more urgent one waiting before
         it). Cancelled while waiting: its entry is gone."""
-        if priority == Priority.P0 or (self._nobody_before(priority) and self.room(priority) > 0):
+        room = 1 if priority == Priority.P0 else self.room(priority)
+        if self._waiting.may_go_now(priority, room):
             self._sent[priority].append(self._now())
             return
         entry = _Entry(tenant, asyncio.get_running_loop().create_future())
-        mine = self._queues[priority].setdefault(tenant, deque())
-        if not mine:
-            self._turns[priority].append(tenant)
-        mine.append(entry)
+        self._waiting.push(priority, tenant, entry)
         try:
             await entry.turn
         except asyncio.CancelledError:  # the client left while it waited: out of the queue
             # (its turn may have come in the same loop turn: then the seat stays counted as
             # taken until the next report)
-            self._remove(priority, entry)
+            self._waiting.remove(priority, tenant, entry)
             raise
 
     # -- internals -----------------------------------------------------------------------------
-    def _nobody_before(self, priority: Priority) -> bool:
-        return all(not self._queues[c] for c in range(1, int(priority) + 1))
-
-    def _remove(self, priority: Priority, entry: _Entry) -> None:
-        queues = self._queues[priority]
-        mine = queues.get(entry.tenant)
-        if mine is None or entry not in mine:
-            return
-        mine.remove(entry)
-        if not mine:
-            del queues[entry.tenant]
-            self._turns[priority].remove(entry.tenant)
-
-    def _pop(self, c: int) -> _Entry:
-        """Class `c`'s next request: its next tenant in turn, that tenant's oldest."""
-        turns, queues = self._turns[c], self._queues[c]
-        tenant = turns.popleft()
-        mine = queues[tenant]
-        entry = mine.popleft()
-        if mine:
-            turns.append(tenant)  # back of the round
-        else:
-            del queues[tenant]
-        return entry
+    def _send(self, c: Priority, entry: _Entry) -> None:
+        if not entry.turn.done():  # (one cancelled in this loop turn is skipped)
+            self._sent[c].append(self._now())
+            entry.turn.set_result(None)
 
     def _dispatch(self) -> None:
-        """Send waiting requests in class order while their class has room; a class without
-        room holds every less urgent one too (their room is never larger)."""
-        for c in range(1, NUM_PRIORITIES):
-            while self._queues[c]:
-                if self.room(Priority(c)) <= 0:
-                    return
-                entry = self._pop(c)
-                if not entry.turn.done():  # (one cancelled in this loop turn is skipped)
-                    self._sent[c].append(self._now())
-                    entry.turn.set_result(None)
+        """Send waiting requests in class order while their class has room."""
+        self._waiting.release(self.room, self._send)

@@ -41,7 +41,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from tierserve.admission.fleet_load import FleetLoad
+from tierserve.admission.fleet_load import FleetLoad, fleet_queue_depth
 from tierserve.clock import Clock
 from tierserve.cluster import wire
 from tierserve.cluster.fleet import FleetView
@@ -145,11 +145,8 @@ class RemoteEngine:
     # -- queue view for admission control -----------------------------------------------------
     def queue_depth(self, priority: Priority) -> int:
         v = self.view
-        waiting = v.waiting
-        own = waiting[priority] + self._unacked[priority]
-        everyone = sum(waiting) + sum(self._unacked)
-        free = max(0, v.seats - sum(v.running) - (everyone - own))
-        return max(0, own - free)
+        waiting = tuple(w + u for w, u in zip(v.waiting, self._unacked, strict=True))
+        return fleet_queue_depth(waiting, v.running, v.seats, priority)
 
     def queued_tokens(self, priority: Priority) -> int:
         return self.view.waiting_tokens[priority] + self._unacked_tokens[priority]

@@ -21,7 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tierserve.admission import AdmissionController
+from tierserve.admission.controller import Decision
 from tierserve.admission.sla import retry_after_seconds
+from tierserve.cluster.signals import ClassWindow
 from tierserve.engine.core import EngineCore, StepStats
 from tierserve.engine.load import LateRequestCheck
 from tierserve.priority import Priority
@@ -103,22 +105,25 @@ class EngineFeed:
         result: DriveResult,
         on_finish: Callable[[float], None],
         sla: SlaClients | None = None,
+        window: ClassWindow | None = None,
     ) -> None:
         self.engine = engine
+        self.window = window  # a fleet replica's autoscaling signals (cluster/signals.py)
         self.admission = admission
         self.result = result
         self.on_finish = on_finish
         self.sla = sla or SlaClients()
         self.live: dict[str, RequestRecord] = {}
 
-    def submit(self, req: Request, now: float, attempt: int = 0) -> float | None:
-        """Record `req` and admit it, or reject it: then return when its client may retry."""
+    def submit(
+        self, req: Request, now: float, attempt: int = 0, decision: Decision | None = None
+    ) -> float | None:
+        """Record `req` and admit it, or reject it: then return when its client may retry.
+        `decision`: already made (a fleet's ingress admits); else this engine's admission."""
         rec = record_of(req)
         rec.attempt = attempt
         self.result.records.append(rec)
-        cost = req.num_prompt_tokens + req.sampling_params.max_tokens
-        demote = req.tenant in self.sla.demote_tenants
-        d = self.admission.decide(req.priority, req.tenant, cost, req.num_prompt_tokens, demote)
+        d = decision or self.decide(req)
         if d.predicted_ttft_s is not None and math.isfinite(d.predicted_ttft_s):
             rec.predicted_ttft = d.predicted_ttft_s
         if not d.admitted:
@@ -134,7 +139,15 @@ class EngineFeed:
                 self._finished(shed, now)
         self.engine.add_request(req)
         self.live[req.request_id] = rec
+        if self.window is not None:
+            self.window.on_added(req.request_id, req.priority, req.arrival_time)
         return None
+
+    def decide(self, req: Request) -> Decision:
+        """`req` judged by this engine's admission controller."""
+        cost = req.num_prompt_tokens + req.sampling_params.max_tokens
+        demote = req.tenant in self.sla.demote_tenants
+        return self.admission.decide(req.priority, req.tenant, cost, req.num_prompt_tokens, demote)
 
     def step(self) -> bool:
         """Run one engine step and record what it did; False when nothing could be scheduled
@@ -152,6 +165,9 @@ class EngineFeed:
                 continue
             if rec.first_token is None and req.first_token_time is not None:
                 rec.first_token = req.first_token_time
+                if self.window is not None:
+                    ttft = rec.first_token - req.arrival_time
+                    self.window.on_first_token(req.request_id, req.priority, ttft, rec.first_token)
             if req.is_finished:
                 self._finished(req, engine.clock.now())
         self._end_late()
@@ -171,6 +187,8 @@ class EngineFeed:
     def _finished(self, req: Request, when: float) -> None:
         rec = self.live.pop(req.request_id)
         rec.finish = when
+        if self.window is not None:
+            self.window.on_finished(req.request_id, when)
         rec.output_tokens = req.num_output_tokens
         rec.preemptions = req.num_preemptions
         # Ended by EOS (a drawn length), or by max_tokens; "length" short of it: cut off.

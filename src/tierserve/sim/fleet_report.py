@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from tierserve.sim.fleet import FLEET_ROUTERS
+from tierserve.sim.fleet_ingress_report import ingress_table, ingress_targets
 from tierserve.sim.profiles import simulated_note
 
 CLASSES = ("P0", "P1", "P2", "P3")
@@ -33,7 +34,10 @@ def _by_load(results: list[dict]) -> dict[str, dict[str, dict]]:
 
 def fleet_targets(results: list[dict]) -> list[tuple[str, bool, str]]:
     """The issue's goal at the highest load: priority-aware beats least-loaded on P0 P95 TTFT by
-    at least 2x with total throughput within 3%."""
+    at least 2x with total throughput within 3%; for the fleet ingress scenario, issue 24's
+    (fleet_ingress_report.py)."""
+    if ingress_table(results):
+        return ingress_targets(results)
     loads = _by_load(results)
     if not loads:
         return []
@@ -101,16 +105,17 @@ def _main_table(loads: dict[str, dict[str, dict]]) -> list[str]:
 
 
 def write_fleet_markdown(results: list[dict], path: Path, title: str) -> None:
-    loads = _by_load(results)
+    ingress = ingress_table(results)
+    loads = {"every load": {r["run"]: r for r in results}} if ingress else _by_load(results)
     lines = [f"# {title}", "", *_header(results[0]), "", "## Targets", ""]
     for name, ok, detail in fleet_targets(results):
         lines.append(f"- {'PASS' if ok else 'MISS'}: {name} ({detail})")
-    lines += ["", "## P0 and P1 by router", "", *_main_table(loads)]
+    lines += ["", *ingress] if ingress else ["", "## P0 and P1 by router", "", *_main_table(loads)]
     lines += [
         "",
         "## Routing decisions by reason",
         "",
-        "| load | router | decisions |",
+        "| load | run | decisions |",
         "|---|---|---|",
     ]
     for load, runs in loads.items():
@@ -121,7 +126,7 @@ def write_fleet_markdown(results: list[dict], path: Path, title: str) -> None:
         "",
         "## Per class, every run",
         "",
-        "| load | router | class | TTFT p50 | TTFT p95 | TTFT p99 | TPOT p50 | SLA | done | "
+        "| load | run | class | TTFT p50 | TTFT p95 | TTFT p99 | TPOT p50 | SLA | done | "
         "preempted |",
         "|" + "---|" * 10,
     ]
@@ -174,4 +179,5 @@ def write_fleet_all(results: list[dict], out: Path, title: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     write_fleet_markdown(results, out / "report.md", title)
-    return [out / "results.json", out / "report.md", write_fleet_plot(results, out)]
+    files = [out / "results.json", out / "report.md"]
+    return files if ingress_table(results) else [*files, write_fleet_plot(results, out)]

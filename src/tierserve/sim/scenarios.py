@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from tierserve.routing import ROUTER_NAMES
 from tierserve.sim.fleet import FleetConfig, run_fleet
+from tierserve.sim.fleet_scale import AutoscaleConfig
 from tierserve.sim.runner import SimConfig, run_simulation
 from tierserve.sim.workload import WorkloadConfig
 
@@ -71,6 +72,54 @@ def fleet_configs(
         FleetConfig(replace(base, workload=replace(base.workload, concurrency=c)), replicas, r)
         for c in loads
         for r in routers
+    ]
+
+
+# The cluster ingress's pieces on the fleet above (issue 24; docs/scale-out.md, "Simulated
+# fleet"), with 64 seats per replica (a quarter of the router comparison's, so that the six
+# runs of 16 replicas take minutes on 2 shared cores). One such replica serves about 10
+# requests/s of this mix in a closed loop at saturation, the fleet about 160
+# (FLEET_CAPACITY_RPS: the autoscaling runs' scale). Open-loop Poisson arrivals are served
+# faster (shorter queues, more prefix hits): 320/s still met 89% of P1 SLAs without admission
+# (285,000 tokens/s), so the fleet serves about 300/s of them (OVERLOAD_RPS is twice that).
+# * admission: 20 s of open-loop Poisson arrivals at OVERLOAD_RPS, least-loaded routing
+#   without admission against the default router with fleet SLA admission;
+# * the ingress queue: closed loop at 128 clients per replica (two per seat), off and on;
+# * autoscaling: a 35 s peak at 0.8 x the fleet's capacity between quiet spells at 0.15 x; a
+#   fixed fleet of 16 (sized for the peak) against the autoscaler between 4 and 16.
+INGRESS_BASE = replace(
+    FLEET_BASE,
+    max_num_seqs=64,
+    workload=replace(FLEET_BASE.workload, duration_s=20.0, warmup_s=5.0),
+)
+FLEET_CAPACITY_RPS = 160.0
+OVERLOAD_RPS = 600.0
+PEAK_PROFILE = ((0.0, 0.15), (15.0, 0.8), (50.0, 0.15))
+
+
+def fleet_ingress_configs(base: SimConfig = INGRESS_BASE) -> list[FleetConfig]:
+    w = base.workload
+    over = replace(w, arrival="poisson", rate=OVERLOAD_RPS)
+    closed = replace(w, concurrency=FLEET_REPLICAS * 2 * base.max_num_seqs)
+    peak = replace(w, arrival="poisson", rate=FLEET_CAPACITY_RPS, duration_s=80.0)
+    n = FLEET_REPLICAS
+
+    def run(wl, replicas=n, **kw) -> FleetConfig:
+        return FleetConfig(replace(base, workload=wl), replicas, **kw)
+
+    return [
+        run(over, router="least-loaded", label="admission: off (least-loaded)"),
+        run(over, sla_admission=True, label="admission: fleet SLA admission"),
+        run(closed, label="queue: off"),
+        run(closed, ingress_queue=True, label="queue: on"),
+        run(peak, rate_profile=PEAK_PROFILE, label="autoscale: fixed 16"),
+        run(
+            peak,
+            4,
+            rate_profile=PEAK_PROFILE,
+            autoscale=AutoscaleConfig(4, n),
+            label="autoscale: 4:16",
+        ),
     ]
 
 
@@ -162,7 +211,8 @@ def _run(cfg: SimConfig | FleetConfig) -> dict:
 
 def _label(cfg: SimConfig | FleetConfig) -> str:
     if isinstance(cfg, FleetConfig):
-        return f"{cfg.router} x {cfg.sim.workload.concurrency}"
+        w = cfg.sim.workload
+        return f"{cfg.name} x {w.concurrency if w.arrival == 'closed' else f'{w.rate:g}/s'}"
     return f"{cfg.policy} x {cfg.workload.concurrency}"
 
 

@@ -1,0 +1,106 @@
+"""Late binding's decisions, free of any event loop: who may be sent now, who waits, and who
+leaves the wait next. The cluster's ingress queue (``cluster/ingress_queue.py``, asyncio) and
+the simulated fleet's (``sim/fleet_ingress.py``, virtual clock) both decide with this code.
+
+* ``class_room``: requests of a class the fleet could start now -- on each replica, the seats
+  not held or claimed (running or waiting) by that class or a more urgent one. A seat held by a
+  less urgent class counts: the engine preempts it for the more urgent request.
+* ``WaitQueue``: the waiting requests, by class (P1 before P2 before P3), and within a class by
+  tenant in turn (each backlogged tenant one request per round), first come first served within
+  a tenant. P0 never waits (``may_go_now``): its replica starts it at once, preempting if it
+  must, so holding it could only delay it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Generic, Protocol, TypeVar
+
+from tierserve.priority import NUM_PRIORITIES, Priority
+
+T = TypeVar("T")
+
+
+class SeatLoad(Protocol):
+    """A replica's seats by class (``cluster.fleet.ReplicaLoad`` has these fields)."""
+
+    running: tuple[int, ...]
+    waiting: tuple[int, ...]
+    max_num_seqs: int
+
+
+def class_room(loads: Iterable[SeatLoad], priority: Priority) -> int:
+    """Seats of the replicas in `loads` a class-`priority` request could take now."""
+    c = int(priority) + 1
+    return sum(max(0, x.max_num_seqs - sum(x.running[:c]) - sum(x.waiting[:c])) for x in loads)
+
+
+class WaitQueue(Generic[T]):
+    """Requests waiting for room, in class order, tenants in turn within a class."""
+
+    def __init__(self) -> None:
+        # Per class: tenant -> its waiting items (oldest first), and the tenants' turn order.
+        self._queues: list[dict[str, deque[T]]] = [{} for _ in range(NUM_PRIORITIES)]
+        self._turns: list[deque[str]] = [deque() for _ in range(NUM_PRIORITIES)]
+
+    def depth(self, priority: Priority | None = None) -> int:
+        """Items waiting (of `priority`, or all)."""
+        classes = range(NUM_PRIORITIES) if priority is None else (int(priority),)
+        return sum(len(q) for c in classes for q in self._queues[c].values())
+
+    def items(self, priority: Priority) -> list[T]:
+        """Class `priority`'s waiting items (tenant by tenant)."""
+        return [x for q in self._queues[priority].values() for x in q]
+
+    def nobody_before(self, priority: Priority) -> bool:
+        """No request of `priority` or a more urgent class waits (P0 never does)."""
+        return all(not self._queues[c] for c in range(1, int(priority) + 1))
+
+    def may_go_now(self, priority: Priority, room: int) -> bool:
+        """Whether a new class-`priority` request is sent at once: P0 always; the others when
+        their class has `room` and nobody of their class or a more urgent one waits."""
+        return priority == Priority.P0 or (self.nobody_before(priority) and room > 0)
+
+    def push(self, priority: Priority, tenant: str, item: T) -> None:
+        mine = self._queues[priority].setdefault(tenant, deque())
+        if not mine:
+            self._turns[priority].append(tenant)
+        mine.append(item)
+
+    def remove(self, priority: Priority, tenant: str, item: T) -> bool:
+        """Take `item` out (its client left); False if it was not waiting."""
+        queues = self._queues[priority]
+        mine = queues.get(tenant)
+        if mine is None or item not in mine:
+            return False
+        mine.remove(item)
+        if not mine:
+            del queues[tenant]
+            self._turns[priority].remove(tenant)
+        return True
+
+    def pop(self, priority: Priority) -> T:
+        """Class `priority`'s next item: its next tenant in turn, that tenant's oldest."""
+        turns, queues = self._turns[priority], self._queues[priority]
+        tenant = turns.popleft()
+        mine = queues[tenant]
+        item = mine.popleft()
+        if mine:
+            turns.append(tenant)  # back of the round
+        else:
+            del queues[tenant]
+        return item
+
+    def release(self, room: Callable[[Priority], int], send: Callable[[Priority, T], None]) -> int:
+        """Send waiting items in class order while their class has `room` (asked again after
+        each send); a class without room holds every less urgent one too (their room is never
+        larger). Returns how many were sent."""
+        n = 0
+        for c in map(Priority, range(1, NUM_PRIORITIES)):
+            while self._queues[c]:
+                if room(c) <= 0:
+                    return n
+                send(c, self.pop(c))
+                n += 1
+        return n
