@@ -171,7 +171,7 @@ def test_a_machine_slower_than_the_bound_is_not_cut_into_more_steps():
     assert TimeBudget(fast, 0.2, 16).fit(512, 0, False) < 512
 
 
-def test_p0s_own_prompt_is_not_cut_by_time():
+def _calibrated_engine():
     from tests.helpers import make_request
     from tierserve.clock import ManualClock
     from tierserve.engine import EngineCore
@@ -179,13 +179,39 @@ def test_p0s_own_prompt_is_not_cut_by_time():
 
     clock = ManualClock()
     ex = CostClockExecutor(clock, 1456, 16)
-    sched = SchedulerConfig(max_num_batched_tokens=512, max_model_len=8192, p0_express="exclusive")
+    sched = SchedulerConfig(max_num_batched_tokens=1024, max_model_len=8192, p0_express="exclusive")
     eng = EngineCore.build(ex, clock, CacheConfig(16, 1456), sched, PolicyConfig())
     eng.add_request(make_request(6000, P3, max_tokens=4))
     for _ in range(6):  # the long prompt is under way and the model calibrated
         eng.step()
     assert eng.scheduler.step_time.calibrated
+    return eng, make_request
+
+
+def test_p0s_own_prompt_is_not_cut_by_time():
+    eng, make_request = _calibrated_engine()
     rt = make_request(400, P0, max_tokens=2)  # ~0.35 s of prefill: more than the bound
     eng.add_request(rt)
     eng.step()
     assert rt.num_computed_tokens == 400 and rt.num_output_tokens == 1
+
+
+def test_a_second_p0_prompt_that_would_overrun_the_step_waits_whole_for_the_next():
+    eng, make_request = _calibrated_engine()
+    first, second = make_request(300, P0, max_tokens=2), make_request(300, P0, max_tokens=2)
+    eng.add_request(first)  # together ~0.5 s of prefill: more than the 0.2 s bound
+    eng.add_request(second)
+    eng.step()
+    assert first.num_output_tokens == 1  # its first token did not wait for the other prompt
+    assert second.num_computed_tokens == 0  # not cut either: it waits whole
+    eng.step()
+    assert second.num_computed_tokens == 300 and second.num_output_tokens == 1
+
+
+def test_p0_prompts_that_fit_the_step_together_share_it():
+    eng, make_request = _calibrated_engine()
+    a, b = make_request(24, P0, max_tokens=2), make_request(24, P0, max_tokens=2)
+    eng.add_request(a)
+    eng.add_request(b)
+    eng.step()
+    assert a.num_output_tokens == 1 and b.num_output_tokens == 1

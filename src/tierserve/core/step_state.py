@@ -51,6 +51,11 @@ class StepPlan:
         self._new_block_ids: dict[str, list[int]] = {}
         self._spec: dict[str, StepWork] = {}  # what drafts add (verified with their decodes)
 
+    @property
+    def chunk_ids(self) -> list[str]:
+        """The requests with a prefill chunk in the step so far."""
+        return list(self._chunks)
+
     def reserve_decodes(self, reqs: list[Request]) -> None:
         """Count these one-token decodes in the time budget before any prefill chunk is sized:
         they are never cut, so chunks ranked before them must leave them their time."""
