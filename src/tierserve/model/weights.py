@@ -92,7 +92,7 @@ class WeightBuilder:
                 "serving float32 weights",
                 self.policy.mode,
             )
-        # auto: int8 products where the CPU has AVX512_VNNI (measured 2.5x faster decode than
+        # auto: int8 products where the CPU has AVX512_VNNI (measured 1.5x faster lone decode than
         # bf16 at +0.6% perplexity, docs/performance.md), else bf16 where it has AVX512_BF16.
         q = self.kernels.QWeight if self.quantized_ok else None
         self.int8 = q is not None and self.activations in ("int8", "auto") and q.int8_available()

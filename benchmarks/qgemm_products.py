@@ -1,0 +1,60 @@
+"""The quantized GEMM at each product mode (float32, bf16, int8) on the embedded model's
+shapes, median ms per call with the weights warm in cache (issue 20's int8 products):
+
+    .venv/bin/python benchmarks/qgemm_products.py                     # the machine's threads
+    OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/qgemm_products.py   # one thread
+
+A mode the CPU lacks (bf16 without AVX512_BF16, int8 without AVX512_VNNI) runs as float32.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import torch
+
+from tierserve import kernels
+from tierserve.model import quant
+
+SHAPES = [("qkv q4_1", "q4_1", 960, 576), ("gate_up q4_1", "q4_1", 3072, 576),
+          ("down q4_1", "q4_1", 576, 1536), ("head q8_0", "q8_0", 49152, 576)]  # fmt: skip
+
+
+def median_ms(fn, reps: int) -> float:
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return sorted(ts)[len(ts) // 2] * 1e3
+
+
+def main() -> None:
+    ext = kernels.get()
+    if ext is None:
+        raise SystemExit("the compiled kernels are unavailable")
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    print(next((ln for ln in cpu.splitlines() if "Model name" in ln), "?"))
+    print("threads", torch.get_num_threads(), " bf16", ext.QWeight.bf16_available(),
+          " int8", ext.QWeight.int8_available())  # fmt: skip
+    torch.manual_seed(1)
+    for name, fmt, n, k in SHAPES:
+        p = quant.pack(quant.quantize(torch.randn(n, k) * 0.1, fmt))
+        f = quant.KERNEL_FORMAT[fmt]
+        modes = {m: ext.QWeight(f, p.q, p.d, p.m, m == "bf16", m == "int8")
+                 for m in ("f32", "bf16", "int8")}  # fmt: skip
+        for rows in (1, 4, 16, 64):
+            x, out = torch.randn(rows, k), torch.empty(rows, n)
+            reps = 30 if n > 10000 else 200
+            ms = {}
+            for m, w in modes.items():
+                ms[m] = median_ms(
+                    lambda w=w, x=x, o=out: ext.weight_linear_into(x, w, None, o, False), reps
+                )
+            print(f"{name:14s} rows {rows:3d}  " + "  ".join(f"{m} {v:.3f}" for m, v in ms.items()))
+
+
+if __name__ == "__main__":
+    main()
