@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from tierserve.model.attention import AttentionBackend, AttentionMetadata, BatchLayout
+from tierserve.model.plan import uses_blas
 from tierserve.model.sampler import SampleRow
 
 if TYPE_CHECKING:
@@ -138,3 +139,39 @@ def _to(batch: Batch, device: torch.device) -> Batch:
         setattr(batch, name, getattr(batch, name).to(device, non_blocking=True))
     batch.meta = batch.meta.to(device)
     return batch
+
+
+def forward_step(
+    model,
+    kv_caches,
+    tables: BlockTables,
+    block_size: int,
+    states: dict[str, RequestState],
+    scheduled: dict[str, int],
+    path: str,
+    drafts: dict[str, int] | None = None,
+    hidden: bool = True,
+) -> tuple[Batch, object]:
+    """One forward pass of `model` along step path `path`: the batch built for it, and the
+    model's output (logits; with `hidden`, also the hidden rows scoring asks for)."""
+    batch = build_batch(
+        states,
+        scheduled,
+        block_size,
+        tables,
+        model.backend(path),
+        model.dtype,
+        device=model.device,
+        fused=path == "fused",
+        drafts=drafts,
+    )
+    out = model.forward(
+        batch.input_ids,
+        batch.positions,
+        batch.meta,
+        kv_caches,
+        batch.logits_rows,
+        batch.hidden_rows if hidden else None,
+        blas=uses_blas(path),
+    )
+    return batch, out

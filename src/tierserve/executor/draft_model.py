@@ -21,10 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from tierserve.core.spec import DRAFT_PENDING
-from tierserve.executor.batch import build_batch
+from tierserve.executor.batch import forward_step
 from tierserve.executor.block_table import BlockTables
 from tierserve.model.base import CausalLM
-from tierserve.model.plan import uses_blas
 from tierserve.sampling_params import SamplingParams
 
 _PARAMS = SamplingParams(temperature=0, max_tokens=1 << 30)  # rows are read as argmax
@@ -167,24 +166,15 @@ class DraftModel:
         after each request's last token."""
         t0 = time.perf_counter()
         path = self.plan.path(sum(scheduled.values()))
-        batch = build_batch(
+        batch, logits = forward_step(
+            self.model,
+            self.kv_caches,
+            self.tables,
+            self.block_size,
             states,  # type: ignore[arg-type]  (DraftState has RequestState's fields)
             scheduled,
-            self.block_size,
-            self.tables,
-            self.model.backend(path),
-            self.model.dtype,
-            device=self.model.device,
-            fused=path == "fused",
-        )
-        logits = self.model.forward(
-            batch.input_ids,
-            batch.positions,
-            batch.meta,
-            self.kv_caches,
-            batch.logits_rows,
-            None,
-            blas=uses_blas(path),
+            path,
+            hidden=False,
         )
         for rid, n in scheduled.items():
             states[rid].num_computed += n

@@ -18,13 +18,12 @@ import torch
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts
 from tierserve.executor.autotune import load_or_measure
-from tierserve.executor.batch import build_batch
+from tierserve.executor.batch import forward_step
 from tierserve.executor.block_table import BlockTables
 from tierserve.executor.draft_model import DraftModel
 from tierserve.executor.sampling_state import SamplingState
 from tierserve.executor.scoring import prompt_logprobs
 from tierserve.model.base import CausalLM
-from tierserve.model.plan import uses_blas
 from tierserve.model.sampler import Sampler
 from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.sampling_params import SamplingParams
@@ -240,27 +239,12 @@ class TorchExecutor:
         drafts: dict[str, list[int]] | None = None,
     ) -> ExecutorOutput:
         path = path or self.plan.path(sum(scheduled.values()))
-        batch = build_batch(
-            states,
-            scheduled,
-            self.block_size,
-            self.tables,
-            self.model.backend(path),
-            self.model.dtype,
-            device=self.model.device,
-            fused=path == "fused",
-            drafts={rid: len(d) for rid, d in drafts.items()} if drafts else None,
-        )
+        counts = {rid: len(d) for rid, d in drafts.items()} if drafts else None
+        batch, logits = forward_step(
+            self.model, self.kv_caches, self.tables, self.block_size, states, scheduled, path,
+            drafts=counts,
+        )  # fmt: skip
         masks = self.sampling.masks(batch.sample_ids) if batch.sample_ids else None
-        logits = self.model.forward(
-            batch.input_ids,
-            batch.positions,
-            batch.meta,
-            self.kv_caches,
-            batch.logits_rows,
-            batch.hidden_rows,
-            blas=uses_blas(path),
-        )
         result = ExecutorOutput()
         if batch.score_spans:
             logits, hidden = logits
