@@ -171,15 +171,16 @@ class Scheduler(QueueCounts, Preempting, Predictive):
         if remaining <= 1:
             return n  # a decode (counted in the time budget upfront)
         done = req.num_computed_tokens + already
-        fit = plan.time.fit(n, done, wants_prompt_logprobs(req), keep)
-        if self.policy.traits.prefill_cap_exempt(req):
+        exempt = self.policy.traits.prefill_cap_exempt
+        if exempt(req):
             # P0's own prompt is never cut (cut, its own first token would be late). But a
             # second one that would stretch the step past its time bound waits whole for the
             # next step: the first P0's first token does not wait for the other's prompt.
-            exempt = self.policy.traits.prefill_cap_exempt
             others = any(exempt(self.running[r]) for r in plan.chunk_ids if r in self.running)
-            return 0 if others and fit < n else n
-        return fit
+            if others and plan.time.fit(n, done, wants_prompt_logprobs(req), keep) < n:
+                return 0
+            return n
+        return plan.time.fit(n, done, wants_prompt_logprobs(req), keep)
 
     def _swap_in(self, plan: StepPlan) -> None:
         if not self.swapped:
