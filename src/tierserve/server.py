@@ -72,7 +72,7 @@ def build_state(
         metrics.on_step(stats, built.executor.last_swap_seconds)
 
     engine.set_observers(metrics.on_event, on_step, metrics.on_snapshot)
-    engine.on_thread_start = partial(engine_thread_start, args.cpu_threads)
+    engine.on_thread_start = partial(engine_thread_start, built.torch_threads)
     engine.on_thread_stop = partial(save_predictor, built)
     adm = args.admission
     if adm.sla_admission:  # the re-check of waiting requests, on the engine thread

@@ -41,6 +41,10 @@ class BuiltEngine:
     model_name: str
     executor: TorchExecutor
     args: EngineArgs
+    torch_threads: int | None = None  # for the engine thread (split_threads)
+
+
+DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice, before anyone sets it
 
 
 def bind_threads(threads: int | None) -> None:
@@ -51,10 +55,24 @@ def bind_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def split_threads(model, threads: int | None, block_size: int) -> int | None:
+    """Where the model can run every step in the compiled kernels (the fused layer), their own
+    pool takes the CPU threads and PyTorch's ops run on one: an OpenMP team (PyTorch's) waits
+    for its slowest thread, so on a host that shares its cores every parallel op of a step waits
+    a time slice for a descheduled thread, where the kernels' threads claim work and never wait
+    for one that is not running (kernels/csrc/parallel.h). A model that needs PyTorch's
+    attention keeps PyTorch's threads. Returns the torch thread count the engine thread keeps."""
+    if model.kernels is None or "fused" not in model.paths(block_size):
+        return threads
+    model.kernels.set_kernel_threads(threads or DEFAULT_THREADS)
+    torch.set_num_threads(1)
+    return 1
+
+
 def engine_thread_start(threads: int | None) -> None:
     """Run first on the engine thread (AsyncEngine.on_thread_start): its team, logged."""
     bind_threads(threads)
-    log.info("engine thread: %d CPU thread(s)", torch.get_num_threads())
+    log.info("engine thread: %d CPU thread(s) for PyTorch's ops", torch.get_num_threads())
 
 
 def context_length(requested: int | None, model_max: int) -> int:
@@ -86,6 +104,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         quantization=args.quantization,
         activations=args.activations,
     )
+    torch_threads = split_threads(model, args.cpu_threads, args.block_size)
     loaded.weights = {}  # the model took what it needs (the tokenizer stays: a draft model's
     # vocabulary is checked against it)
     num_blocks = args.num_kv_blocks or blocks_for_gib(model, args.block_size, args.kv_cache_gib)
@@ -147,7 +166,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         predictor(args),
     )
     name = args.model or "SmolLM2-135M-Instruct"
-    return BuiltEngine(engine, loaded.tokenizer, loaded.config, name, executor, args)
+    return BuiltEngine(engine, loaded.tokenizer, loaded.config, name, executor, args, torch_threads)
 
 
 def speculation(args: EngineArgs, drafter: DraftModel | None) -> Speculation | None:

@@ -7,7 +7,7 @@ through every path of `model/plan.py` that applies, at a few step sizes, in its 
 (before any request holds a block), and keeps the fastest path per size:
 
 * decode-shaped steps of 1, 4, 16 and 64 requests (one new token each, 128 tokens of context);
-* prompt-shaped steps of 128 and 512 rows (one fresh chunk; ``fused`` is timed up to 128 rows);
+* prompt-shaped steps of 128 and 512 rows (one fresh chunk);
 
 candidates interleaved, best of three (two for prompts; a candidate more than 1.5x slower than
 the best after the first round is not timed again). The plan is cached in
@@ -37,7 +37,12 @@ log = logging.getLogger(__name__)
 DECODE_SIZES = (1, 4, 16, 64)
 PROMPT_SIZES = (128, 512)
 CONTEXT = 128
-FUSED_LIMIT = 128  # the fused layer's segments are decode-sized: never timed beyond
+
+
+def threads(executor) -> int:
+    """The threads a step runs on: the kernels' pool where the model has the kernels."""
+    k = executor.model.kernels
+    return k.kernel_threads() if k is not None else torch.get_num_threads()
 
 
 def plan_key(executor) -> str:
@@ -49,13 +54,13 @@ def plan_key(executor) -> str:
         build = build_key()
     raw = json.dumps(
         [
-            machine_fingerprint(torch.get_num_threads()),
+            machine_fingerprint(threads(executor)),
             build,
             m.config.to_dict(),
             m.weights_summary,
             executor.block_size,
             str(m.dtype),
-            "v1",
+            "v2",  # v2: the kernels' own threads; fused timed at every size
         ],
         sort_keys=True,
         default=str,
@@ -86,7 +91,7 @@ def load_or_measure(executor) -> StepPlan:
     log.info(
         "step plan (measured in %.1f s on %s): %s",
         time.perf_counter() - t0,
-        describe(machine_fingerprint(torch.get_num_threads())),
+        describe(machine_fingerprint(threads(executor))),
         plan.describe(),
     )
     for rows, t in sorted(timings.items()):
@@ -112,15 +117,10 @@ def choose(timings: dict[int, dict[str, float]]) -> StepPlan:
     for i, rows in enumerate(sizes):
         best = min(timings[rows], key=timings[rows].get)
         limit = NEVER if i == len(sizes) - 1 else (rows + sizes[i + 1]) // 2
-        if best == "fused":
-            limit = min(limit, FUSED_LIMIT)
         if table and table[-1][1] == best:
             table[-1] = (limit, best)
         else:
             table.append((limit, best))
-    if table[-1][0] != NEVER:  # a fused last entry was capped: larger steps take the runner-up
-        last = timings[sizes[-1]]
-        table.append((NEVER, min((p for p in last if p != "fused"), key=last.get)))
     return StepPlan(tuple(table), "measured")
 
 
@@ -140,7 +140,7 @@ def measure(executor) -> dict[int, dict[str, float]]:
 
     for rows in DECODE_SIZES + PROMPT_SIZES:
         decode = rows in DECODE_SIZES
-        cands = [p for p in paths if p != "fused" or rows <= FUSED_LIMIT]
+        cands = list(paths)
         best = dict.fromkeys(cands, float("inf"))
         for rep in range(3 if decode else 2):
             # after the first round, only candidates within 1.5x of the best are timed again

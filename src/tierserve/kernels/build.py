@@ -34,6 +34,8 @@ SOURCES = (
     "sample.cpp",
     "vec.h",
     "qweight.h",
+    "parallel.h",
+    "pool.cpp",
 )
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)

@@ -35,7 +35,7 @@ NEVER = 1 << 62
 class StepPlan:
     """(max rows, path) pairs in ascending rows; the last one covers every larger step."""
 
-    table: tuple[tuple[int, str], ...] = ((128, "fused"), (NEVER, "kernel"))
+    table: tuple[tuple[int, str], ...] = ((NEVER, "fused"),)
     source: str = "default"  # "default", "measured", or the cache file it was read from
 
     def __post_init__(self) -> None:

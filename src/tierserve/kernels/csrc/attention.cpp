@@ -10,7 +10,6 @@
 // A task walks its context one cache block at a time, so every K/V block is read once per tile
 // for all rows of the tile and all query heads of the group (grouped-query attention), and keeps
 // an online softmax (running max, running sum, rescaled accumulator) per query head.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "vec.h"
+#include "parallel.h"
 
 namespace tierserve {
 namespace {
@@ -165,7 +165,7 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
   const int32_t* tp = tables.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const int64_t dv = g.dim / VL;
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
+  claim_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
     for (int64_t i = t0; i < t1; ++i) {
       switch (dv) {
 #define TS_CASE(n) \

@@ -1,6 +1,7 @@
 // Python bindings of tierserve's CPU kernels (built by tierserve.kernels.build).
 #include <torch/extension.h>
 
+#include "parallel.h"
 #include "qweight.h"
 
 namespace tierserve {
@@ -65,5 +66,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         release());
   m.def("gumbel_argmax", &tierserve::gumbel_argmax, "seeded Gumbel-max draw per row", release());
   m.def("decoder_layer", &tierserve::decoder_layer, "one decoder layer, x in place", release());
+  m.def("set_kernel_threads", &tierserve::set_kernel_threads,
+        "threads the kernels' parallel regions use, the caller included", release());
+  m.def("kernel_threads", &tierserve::kernel_threads, "threads the kernels use", release());
   m.def("vector_lanes", &tierserve::vector_lanes, "float lanes per SIMD vector", release());
 }

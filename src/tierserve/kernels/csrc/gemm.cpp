@@ -7,12 +7,12 @@
 // MR rows, with the weight rows prefetched a few steps ahead. Each output element is summed in
 // k order by one FMA chain, so a row's result does not depend on how many other rows are in the
 // batch.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
 
 #include "vec.h"
+#include "parallel.h"
 
 namespace tierserve {
 namespace {
@@ -92,7 +92,7 @@ void run(const float* a, int64_t lda, const float* w, int64_t M, int64_t K, int6
     const int64_t rows = std::min(kRowBlock, M - mb);
     const float* ab = a + mb * lda;
     float* cb = c + mb * N;
-    at::parallel_for(0, tiles + 1, 1, [&](int64_t t0, int64_t t1) {
+    claim_for(0, tiles + 1, 1, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         if (t == tiles) {
           if (tiles * NR < N) tail(ab, lda, w, N, rows, K, tiles * NR, N, cb, N, bias, accumulate);
@@ -126,10 +126,10 @@ void run_wide(const float* a, int64_t lda, const float* w, int64_t K, int64_t N,
               const float* bias, bool accumulate) {
   constexpr int kWide = (VL >= 16 ? 16 : 8) / MR;  // MR x kWide accumulators fit the registers
   const int64_t vectors = N / VL;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), vectors));
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(4 * kernel_threads(), vectors));
   // One item per thread (ATen hands out contiguous ranges: an extra item for the tail columns
   // would give two slices to one thread); the last slice's thread also takes the tail.
-  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+  claim_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       wide_part<MR, kWide>(a, lda, w, N, K, vectors * p / parts, vectors * (p + 1) / parts, c,
                            bias, accumulate);

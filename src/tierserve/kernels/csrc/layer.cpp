@@ -8,7 +8,6 @@
 //
 // x (the residual stream) is updated in place. Attention covers every row through segments
 // (see attention.cpp), fresh prompts included: their keys are in the cache before they attend.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -17,6 +16,7 @@
 
 #include "qweight.h"
 #include "vec.h"
+#include "parallel.h"
 
 namespace tierserve {
 
@@ -28,7 +28,7 @@ namespace {
 
 // out[t] = x[t] / rms(x[t]) * w, rows in parallel.
 void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+  claim_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * n;
       float* o = out + r * n;
@@ -52,7 +52,7 @@ void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t 
 void rope(float* x, int64_t row_stride, const float* cos, const float* sin, int64_t rows,
           int64_t heads, int64_t d) {
   const int64_t half = d / 2;
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+  claim_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     float tmp[512];
     for (int64_t r = r0; r < r1; ++r) {
       const float* c = cos + r * d;
@@ -68,7 +68,7 @@ void rope(float* x, int64_t row_stride, const float* cos, const float* sin, int6
 
 // gu[t, :inter] = silu(gu[t, :inter]) * gu[t, inter:], in place.
 void silu_mul(float* gu, int64_t rows, int64_t inter) {
-  at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
+  claim_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* g = gu + r * 2 * inter;
       const float* u = g + inter;

@@ -17,7 +17,6 @@
 // k0 + 1, k0 + 17, ...). With more rows than one register block, each thread first dequantizes
 // its column tile for the whole K into a float panel in that same order and runs the row blocks
 // over it: the same values in the same order, so a row's result does not depend on the batch.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <immintrin.h>
 
@@ -27,6 +26,7 @@
 
 #include "qweight.h"
 #include "vec.h"
+#include "parallel.h"
 
 namespace tierserve {
 namespace {
@@ -279,8 +279,8 @@ void run(const float* a, int64_t lda, const QView& w, int64_t M, float* c, const
   const int64_t N = w.N, vectors = N / VL;
   if (M == 1) {
     constexpr int kWide = VL >= 16 ? 8 : 4;
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), vectors));
-    at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(4 * kernel_threads(), vectors));
+    claim_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         wide_part<FMT, kWide>(a, w, vectors * p / parts, vectors * (p + 1) / parts, c, bias,
                               accumulate);
@@ -293,7 +293,7 @@ void run(const float* a, int64_t lda, const QView& w, int64_t M, float* c, const
   constexpr int64_t NR = kNV * VL;
   const int64_t tiles = N / NR;
   const bool panel = M >= panel_min_rows;
-  at::parallel_for(0, tiles + 1, 1, [&](int64_t t0, int64_t t1) {
+  claim_for(0, tiles + 1, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> buf;
     if (panel) buf.resize(static_cast<size_t>(w.K * NR));
     for (int64_t t = t0; t < t1; ++t) {
@@ -468,8 +468,8 @@ void run_bf16(const float* a, int64_t lda, const QView& w, int64_t M, float* c, 
   std::vector<uint32_t> xp(static_cast<size_t>(M * K2));
   pair_activations<FMT>(a, lda, M, w.K, xp.data());
   if (M == 1) {
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), vectors));
-    at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(4 * kernel_threads(), vectors));
+    claim_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         wide_part_bf16<FMT, 8>(xp.data(), K2, w, vectors * p / parts, vectors * (p + 1) / parts,
                                c, bias, accumulate);
@@ -482,7 +482,7 @@ void run_bf16(const float* a, int64_t lda, const QView& w, int64_t M, float* c, 
   constexpr int64_t NR = kNVb * VL;
   const int64_t tiles = N / NR;
   const bool use_panel = M >= panel_min_rows;
-  at::parallel_for(0, tiles + 1, 1, [&](int64_t t0, int64_t t1) {
+  claim_for(0, tiles + 1, 1, [&](int64_t t0, int64_t t1) {
     std::vector<uint32_t> panel;
     for (int64_t t = t0; t < t1; ++t) {
       if (t == tiles) {
@@ -656,7 +656,7 @@ void qweight_dequantize_into(const QWeight& w, at::Tensor& out) {
   if (v.q == nullptr) return dequantize_i8(v, o);  // only the int8 repack is left
   constexpr int64_t NR = kNV * VL;
   const int64_t tiles = w.N / NR;
-  at::parallel_for(0, tiles + 1, 1, [&](int64_t t0, int64_t t1) {
+  claim_for(0, tiles + 1, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> buf(static_cast<size_t>(w.K * NR));
     for (int64_t t = t0; t < t1; ++t) {
       if (t == tiles) {
@@ -688,7 +688,7 @@ void qweight_columns_into(const QWeight& w, const at::Tensor& ids, at::Tensor& o
   float* o = out.data_ptr<float>();
   for (int64_t i = 0; i < ids.size(0); ++i)
     TORCH_CHECK(id[i] >= 0 && id[i] < w.N, "columns: id ", id[i], " outside 0..", w.N - 1);
-  at::parallel_for(0, ids.size(0), 1, [&](int64_t i0, int64_t i1) {
+  claim_for(0, ids.size(0), 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
       for (int64_t r = 0; r < w.K; ++r) o[i * w.K + k_of_row(v.fmt, r)] = v.value(r, id[i]);
   });

@@ -13,7 +13,6 @@
 // (below), so that a step streams memory in order: qgemm.cpp's K-major rows are N bytes apart,
 // which the hardware prefetchers and the TLB follow poorly at one row. Every row is quantized
 // and summed alone in a fixed order, so a row's result does not depend on its batch.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
@@ -23,6 +22,7 @@
 #include <cstring>
 #include <vector>
 
+#include "parallel.h"
 #include "qweight.h"
 
 namespace tierserve {
@@ -243,21 +243,25 @@ void run_i8(const float* a, int64_t lda, const QView& w, int64_t M, float* c, co
   const int64_t N = w.N, tiles = N / kCols, tile_bytes = w.K / kBlock * block_bytes<FMT>();
   const QAct& xs = x;
   const uint8_t* packed = static_cast<const uint8_t*>(w.i8);
-  at::parallel_for(0, tiles + 1, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      if (t == tiles) {
+  // Units of (tile, up to kRowChunk rows), ~8 claims per thread (parallel.h): a thread
+  // descheduled mid-claim holds little. The tail columns, if any, are the last unit.
+  constexpr int64_t kRowChunk = 16 * kMR;
+  const int64_t chunks = (M + kRowChunk - 1) / kRowChunk, units = tiles * chunks + 1;
+  claim_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      if (u == units - 1) {
         if (tiles * kCols < N) tail_columns_i8<FMT>(xs, w, tiles * kCols, N, c, bias, accumulate);
         continue;
       }
-      const int64_t n0 = t * kCols;
+      const int64_t t = u / chunks, n0 = t * kCols, m1 = std::min(M, (u % chunks + 1) * kRowChunk);
       const uint8_t* tile = packed + t * tile_bytes;
       const float* bt = bias ? bias + n0 : nullptr;
-      int64_t m = 0;
-      for (; m + kMR <= M; m += kMR) rows_tile<FMT, kMR>(xs, m, tile, c + n0, N, bt, accumulate);
-      if (M - m == 2) rows_tile<FMT, 2>(xs, m, tile, c + n0, N, bt, accumulate);
-      if (M - m == 1) rows_tile<FMT, 1>(xs, m, tile, c + n0, N, bt, accumulate);
+      int64_t m = u % chunks * kRowChunk;
+      for (; m + kMR <= m1; m += kMR) rows_tile<FMT, kMR>(xs, m, tile, c + n0, N, bt, accumulate);
+      if (m1 - m == 2) rows_tile<FMT, 2>(xs, m, tile, c + n0, N, bt, accumulate);
+      if (m1 - m == 1) rows_tile<FMT, 1>(xs, m, tile, c + n0, N, bt, accumulate);
     }
-  });
+  }, 8);
 }
 
 }  // namespace
@@ -267,7 +271,7 @@ bool int8_products_available() { return true; }
 void dequantize_i8(const QView& w, float* out) {
   const bool q8 = w.fmt == kQ8;
   const int64_t N = w.N, nb = w.K / kBlock, bytes = q8 ? block_bytes<kQ8>() : block_bytes<kQ4>();
-  at::parallel_for(0, N / kCols, 1, [&](int64_t t0, int64_t t1) {
+  claim_for(0, N / kCols, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* pb = static_cast<const uint8_t*>(w.i8) + (t * nb + b) * bytes;
@@ -318,7 +322,7 @@ at::Tensor repack_i8(const QView& w) {
   const int64_t tile_bytes = w.K / kBlock * bytes;
   auto out = at::empty({std::max<int64_t>(1, tiles * tile_bytes)}, at::kByte);
   uint8_t* o = out.data_ptr<uint8_t>();
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+  claim_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       if (w.fmt == kQ8)
         repack_tile<kQ8>(w, t, o + t * tile_bytes);

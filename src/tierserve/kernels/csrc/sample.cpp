@@ -8,7 +8,6 @@
 // is more than 19.46 below the row's maximum cannot beat the maximum's own key, so the kernel
 // ignores tokens more than 21 below the maximum. Excluded tokens carry -inf logits. Hash, logs
 // and the running argmax are vectorised (vec.h), VL tokens at a time.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
 
@@ -16,6 +15,7 @@
 #include <limits>
 
 #include "vec.h"
+#include "parallel.h"
 
 namespace tierserve {
 
@@ -51,7 +51,7 @@ at::Tensor gumbel_argmax(const at::Tensor& logits, const at::Tensor& keys) {
   auto kc = keys.contiguous();
   const int64_t* K = kc.data_ptr<int64_t>();
   int64_t* O = out.data_ptr<int64_t>();
-  at::parallel_for(0, S, 1, [&](int64_t r0, int64_t r1) {
+  claim_for(0, S, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* row = L + r * ld;
       const float ninf = -std::numeric_limits<float>::infinity();
