@@ -90,6 +90,40 @@ def test_paged_attention_matches_reference(heads, kv_heads, dim):
             torch.testing.assert_close(out[row0 + i], ref, rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "bs"),
+    [(9, 3, 64, 16), (16, 1, 64, 32), (8, 8, 128, 64), (6, 2, 256, 16), (4, 4, 16, 16)],
+)
+def test_long_segments_go_by_lanes_and_match_the_reference(heads, kv_heads, dim, bs):
+    """Prompt chunks of 16 rows or more run with queries across vector lanes (run_lanes):
+    fresh prompts (context from 1) and chunks after a cached prefix, every group size the
+    kernel takes; and a row's result does not depend on how its prompt was chunked."""
+    blocks = 40
+    g = torch.Generator().manual_seed(heads * dim + bs)
+    kc = torch.randn(kv_heads, blocks, bs, dim, generator=g)
+    vc = torch.randn(kv_heads, blocks, bs, dim, generator=g)
+    width = -(-300 // bs)
+    tables = torch.randperm(blocks, generator=g)[: 2 * width].view(2, width).int().contiguous()
+    span = min(width * bs - 40, 157)  # rows of the fresh prompt below
+    segments = [(0, span, 0, 1), (span, 37, 1, 3)]
+    rows = span + 37
+    q = torch.randn(rows, heads + kv_heads, dim, generator=g)[:, :heads]
+    out = torch.zeros(rows, heads, dim)
+    EXT.paged_attention_into(
+        q, kc, vc, tables, torch.tensor(segments, dtype=torch.int32), dim**-0.5, out
+    )
+    for row0, n, t, ctx0 in segments:
+        for i in range(0, n, 7):
+            ref = reference_attention(q[row0 + i], kc, vc, tables[t], ctx0 + i)
+            torch.testing.assert_close(out[row0 + i], ref, rtol=1e-5, atol=2e-6)
+    # the same fresh prompt in two chunks of 16+ rows: bit-identical rows
+    cut = span // 2
+    split = torch.tensor([(0, cut, 0, 1), (cut, span - cut, 0, 1 + cut)], dtype=torch.int32)
+    again = torch.zeros(rows, heads, dim)
+    EXT.paged_attention_into(q, kc, vc, tables, split, dim**-0.5, again)
+    assert torch.equal(again[:span], out[:span])
+
+
 def test_paged_attention_rejects_a_segment_past_its_table():
     kc = torch.zeros(1, 4, 16, 64)
     tables = torch.zeros(1, 2, dtype=torch.int32)

@@ -6,7 +6,10 @@
 // positions [0, ctx0 + i) (so a decode is a 1-row segment with ctx0 = its length, and a prefill
 // chunk continuing a cached prefix of P tokens is an n-row segment with ctx0 = P + 1).
 //
-// Work is split into (tile of up to kTile rows of a segment) x (KV head) tasks across threads.
+// Work is split into (tile of rows of a segment) x (KV head) tasks across threads. A segment of
+// fewer than kLaneRows rows (decodes, speculative verification) goes row by row (run_task, below);
+// a longer one (a prompt chunk) by lanes (run_lanes, further down: ~2x PyTorch's SDPA on a
+// 160-token prompt here).
 // A task walks its context one cache block at a time, so every K/V block is read once per tile
 // for all rows of the tile and all query heads of the group (grouped-query attention), and keeps
 // an online softmax (running max, running sum, rescaled accumulator) per query head.
@@ -27,9 +30,12 @@ constexpr int kTile = 8;        // query rows per task
 constexpr int kMaxGroup = 16;   // query heads per KV head
 constexpr int kMaxDim = 256;    // head_dim
 constexpr int kMaxBlock = 64;   // block_size
+constexpr int kLaneRows = 16;   // segments of at least this many rows go by lanes (run_lanes)
+constexpr int kLaneQueries = 3 * VL;  // queries (rows x group) of one run_lanes task, at most
 
 struct Task {
   int32_t row0, rows, table, ctx0, head;
+  bool lanes;  // run_lanes, else run_task
 };
 
 struct Geometry {
@@ -105,6 +111,125 @@ void run_task(const Task& t, const Geometry& g, const float* q, const float* kc,
     }
 }
 
+
+// A segment of many rows (a prompt chunk): the task's queries (row x query head of the group)
+// lie across vector lanes, QL vectors of them, and the keys go one at a time: each FMA scores
+// one key against VL queries, the online softmax runs per lane with no horizontal reduction,
+// and the weighted values are summed per query from the stored probabilities. Keys are taken
+// KP at a time at positions fixed by the context (not by the task), and each lane's arithmetic
+// is the same whatever shares its task, so a row's result does not depend on how its prompt
+// was chunked or tiled. One-row segments (decodes) and short ones (speculative verification)
+// keep run_task: a decode's few queries would fill few lanes.
+template <int DV, int QL>
+void run_lanes(const Task& t, const Geometry& g, const float* q, const float* kc,
+               const float* vc, const int32_t* tables, float* out) {
+  constexpr int D = DV * VL, NQ = QL * VL, KP = VL >= 16 ? 8 : 4, JB = 4;
+  const int nq = t.rows * static_cast<int>(g.group);
+  alignas(64) float qt[D * NQ];   // scaled queries, transposed: qt[d * NQ + j]
+  alignas(64) float acc[NQ * D];  // acc[j * D + d]
+  alignas(64) float pr[KP * NQ];  // this chunk's probabilities: pr[p * NQ + j]
+  alignas(64) float al[NQ], lim[NQ], lsum[NQ];
+  for (int j = 0; j < NQ; ++j) {
+    const bool real = j < nq;
+    const int i = real ? j / static_cast<int>(g.group) : 0, h = real ? j % static_cast<int>(g.group) : 0;
+    const float* qp = q + (t.row0 + i) * g.q_row_stride + (t.head * g.group + h) * D;
+    for (int d = 0; d < D; ++d) qt[d * NQ + j] = real ? qp[d] * g.scale : 0.f;
+    lim[j] = real ? static_cast<float>(t.ctx0 + i) : 3.0e38f;  // keys [0, lim) are visible
+  }
+  std::fill(acc, acc + NQ * D, 0.f);
+  vf m[QL], l[QL], limv[QL];
+  for (int v = 0; v < QL; ++v) {
+    m[v] = vbroadcast(-std::numeric_limits<float>::infinity());
+    l[v] = vf{};
+    limv[v] = vload(lim + v * VL);
+  }
+  const int64_t bs = g.block_size, ctx_max = t.ctx0 + t.rows - 1;
+  const int32_t* table = tables + static_cast<int64_t>(t.table) * g.table_width;
+  const float* kh = kc + t.head * g.blocks * bs * D;
+  const float* vh = vc + t.head * g.blocks * bs * D;
+  const int jmax = (nq + JB - 1) / JB * JB;
+  for (int64_t p0 = 0; p0 < ctx_max; p0 += bs) {
+    const int64_t blk = table[p0 / bs];
+    const float* kb = kh + blk * bs * D;
+    const float* vb = vh + blk * bs * D;
+    const int64_t n_block = std::min(bs, ctx_max - p0);
+    for (int64_t c0 = 0; c0 < n_block; c0 += KP) {
+      const int kp = static_cast<int>(std::min<int64_t>(KP, n_block - c0));
+      vf s[KP][QL];
+      for (int p = 0; p < KP; ++p)
+        for (int v = 0; v < QL; ++v) s[p][v] = vf{};
+      for (int d = 0; d < D; ++d) {  // keys past kp are read inside the block and masked below
+        vf qd[QL];
+        for (int v = 0; v < QL; ++v) qd[v] = vload(qt + d * NQ + v * VL);
+        for (int p = 0; p < KP; ++p) {
+          const vf kd = vbroadcast(kb[(c0 + p) * D + d]);
+          for (int v = 0; v < QL; ++v) s[p][v] += kd * qd[v];
+        }
+      }
+      const vf neg_inf = vbroadcast(-std::numeric_limits<float>::infinity());
+      for (int v = 0; v < QL; ++v) {
+        vf mx = m[v];
+        for (int p = 0; p < KP; ++p) {
+          const vf pos = vbroadcast(static_cast<float>(p0 + c0 + p));
+          s[p][v] = (p < kp) ? (pos < limv[v] ? s[p][v] : neg_inf) : neg_inf;
+          mx = vmax(mx, s[p][v]);
+        }
+        const vf alpha = vexp_nonpos(m[v] - mx);  // 0 on the first chunk (-inf - mx)
+        m[v] = mx;
+        vf lv = l[v] * alpha;
+        for (int p = 0; p < KP; ++p) {
+          const vf e = vexp_nonpos(s[p][v] - mx);
+          lv += e;
+          vstore(pr + p * NQ + v * VL, e);
+        }
+        l[v] = lv;
+        vstore(al + v * VL, alpha);
+      }
+      for (int j = 0; j < jmax; j += JB) {
+        vf a[JB][DV];
+        for (int b = 0; b < JB; ++b)
+          for (int dv = 0; dv < DV; ++dv) a[b][dv] = vload(acc + (j + b) * D + dv * VL) * al[j + b];
+        for (int p = 0; p < kp; ++p) {
+          vf vv[DV];
+          for (int dv = 0; dv < DV; ++dv) vv[dv] = vload(vb + (c0 + p) * D + dv * VL);
+          for (int b = 0; b < JB; ++b) {
+            const vf w = vbroadcast(pr[p * NQ + j + b]);
+            for (int dv = 0; dv < DV; ++dv) a[b][dv] += w * vv[dv];
+          }
+        }
+        for (int b = 0; b < JB; ++b)
+          for (int dv = 0; dv < DV; ++dv) vstore(acc + (j + b) * D + dv * VL, a[b][dv]);
+      }
+    }
+  }
+  for (int v = 0; v < QL; ++v) vstore(lsum + v * VL, l[v]);
+  for (int j = 0; j < nq; ++j) {
+    const int i = j / static_cast<int>(g.group), h = j % static_cast<int>(g.group);
+    float* op = out + (t.row0 + i) * g.out_row_stride + (t.head * g.group + h) * D;
+    const float inv = 1.f / lsum[j];
+    for (int dv = 0; dv < DV; ++dv) vstore(op + dv * VL, vload(acc + j * D + dv * VL) * inv);
+  }
+}
+
+
+template <int DV>
+void run_lanes_ql(int ql, const Task& t, const Geometry& g, const float* q, const float* kc,
+                  const float* vc, const int32_t* tables, float* out) {
+  if (ql <= 1) return run_lanes<DV, 1>(t, g, q, kc, vc, tables, out);
+  if (ql == 2) return run_lanes<DV, 2>(t, g, q, kc, vc, tables, out);
+  return run_lanes<DV, 3>(t, g, q, kc, vc, tables, out);
+}
+
+void run_lanes_dispatch(int64_t dv, int ql, const Task& t, const Geometry& g, const float* q,
+                        const float* kc, const float* vc, const int32_t* tables, float* out) {
+  switch (dv) {
+#define TS_CASE(n) \
+  case n: return run_lanes_ql<n>(ql, t, g, q, kc, vc, tables, out);
+    TS_CASE(1) TS_CASE(2) TS_CASE(4) TS_CASE(6) TS_CASE(8) TS_CASE(16) TS_CASE(32)
+#undef TS_CASE
+  }
+}
+
 }  // namespace
 
 // Whether the kernel handles this geometry (else the caller uses the PyTorch path).
@@ -147,6 +272,7 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
   g.out_row_stride = out.stride(0);
 
   const int32_t* seg = segments.data_ptr<int32_t>();
+  const int64_t lane_rows = std::max<int64_t>(1, kLaneQueries / g.group);
   std::vector<Task> tasks;
   for (int64_t s = 0; s < segments.size(0); ++s) {
     const int32_t row0 = seg[4 * s], rows = seg[4 * s + 1], table = seg[4 * s + 2],
@@ -155,9 +281,13 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
                     row0 + rows <= q.size(0) &&
                     (ctx0 + rows - 1 + g.block_size - 1) / g.block_size <= g.table_width,
                 "paged_attention: segment ", s, " out of range");
-    for (int32_t r = 0; r < rows; r += kTile)
+    // A long segment goes by lanes (run_lanes: up to kLaneQueries queries a task), a short
+    // one row by row (run_task).
+    const bool lanes = rows >= kLaneRows;
+    const int32_t tile = lanes ? static_cast<int32_t>(lane_rows) : kTile;
+    for (int32_t r = 0; r < rows; r += tile)
       for (int32_t h = 0; h < g.kv_heads; ++h)
-        tasks.push_back({row0 + r, std::min<int32_t>(kTile, rows - r), table, ctx0 + r, h});
+        tasks.push_back({row0 + r, std::min<int32_t>(tile, rows - r), table, ctx0 + r, h, lanes});
   }
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
@@ -167,9 +297,15 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
   const int64_t dv = g.dim / VL;
   claim_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
     for (int64_t i = t0; i < t1; ++i) {
+      const Task& t = tasks[i];
+      if (t.lanes) {
+        run_lanes_dispatch(dv, (t.rows * static_cast<int>(g.group) + VL - 1) / VL, t, g, qp, kp,
+                           vp, tp, op);
+        continue;
+      }
       switch (dv) {
 #define TS_CASE(n) \
-  case n: run_task<n>(tasks[i], g, qp, kp, vp, tp, op); break;
+  case n: run_task<n>(t, g, qp, kp, vp, tp, op); break;
         TS_CASE(1) TS_CASE(2) TS_CASE(4) TS_CASE(6) TS_CASE(8) TS_CASE(16) TS_CASE(32)
 #undef TS_CASE
         default: TORCH_CHECK(false, "paged_attention: head_dim ", g.dim, " unsupported");
