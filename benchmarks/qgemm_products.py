@@ -3,13 +3,17 @@ shapes, median ms per call with the weights warm in cache (issue 20's int8 produ
 
     .venv/bin/python benchmarks/qgemm_products.py                     # the machine's threads
     OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/qgemm_products.py   # one thread
+    .venv/bin/python benchmarks/qgemm_products.py --modes int8 --rows 1 16 160 --busy-core
+        # the same beside a busy process on one core (what a co-tenant does to the threads)
 
 A mode the CPU lacks (bf16 without AVX512_BF16, int8 without AVX512_VNNI) runs as float32.
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
+import sys
 import time
 
 import torch
@@ -32,22 +36,40 @@ def median_ms(fn, reps: int) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--modes", nargs="+", default=["f32", "bf16", "int8"])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--busy-core", action="store_true", help="a CPU burner runs meanwhile")
+    a = ap.parse_args()
+    burner = None
+    if a.busy_core:  # one busy core at normal priority, like a compile beside the server
+        burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        run(a)
+    finally:
+        if burner is not None:
+            burner.kill()
+
+
+def run(a: argparse.Namespace) -> None:
     ext = kernels.get()
     if ext is None:
         raise SystemExit("the compiled kernels are unavailable")
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     print(next((ln for ln in cpu.splitlines() if "Model name" in ln), "?"))
-    print("threads", torch.get_num_threads(), " bf16", ext.QWeight.bf16_available(),
-          " int8", ext.QWeight.int8_available())  # fmt: skip
+    threads = ext.kernel_threads() if hasattr(ext, "kernel_threads") else torch.get_num_threads()
+    print("threads", threads, " bf16", ext.QWeight.bf16_available(),
+          " int8", ext.QWeight.int8_available(), " busy core", a.busy_core)  # fmt: skip
     torch.manual_seed(1)
     for name, fmt, n, k in SHAPES:
         p = quant.pack(quant.quantize(torch.randn(n, k) * 0.1, fmt))
         f = quant.KERNEL_FORMAT[fmt]
         modes = {m: ext.QWeight(f, p.q, p.d, p.m, m == "bf16", m == "int8")
-                 for m in ("f32", "bf16", "int8")}  # fmt: skip
-        for rows in (1, 4, 16, 64):
+                 for m in a.modes}  # fmt: skip
+        for rows in a.rows:
             x, out = torch.randn(rows, k), torch.empty(rows, n)
-            reps = 30 if n > 10000 else 200
+            reps = max(3, a.reps // 7) if n > 10000 else a.reps
             ms = {}
             for m, w in modes.items():
                 ms[m] = median_ms(

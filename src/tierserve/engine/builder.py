@@ -66,6 +66,9 @@ def split_threads(model, threads: int | None, block_size: int) -> int | None:
         return threads
     model.kernels.set_kernel_threads(threads or DEFAULT_THREADS)
     torch.set_num_threads(1)
+    log.info(
+        "the compiled kernels run on %d thread(s), PyTorch's ops on 1", threads or DEFAULT_THREADS
+    )
     return 1
 
 
