@@ -8,13 +8,15 @@ the difference across the run, interpolated in its buckets 1, 2, 5, 10, 20, 50, 
 
 It starts each server itself (this interpreter: `PYTHONPATH=src` picks the checkout; the
 embedded model; a tenants file giving tenant-0..3 their keys; its own predictor state file,
-cold unless `--predictor-state FILE` is copied in) and runs the levels against it in order, or
-targets one running server with `--url` (start it with `--tenants` from `--write-tenants`).
+cold unless `--predictor-state FILE` is copied in), drives `--learn` seconds of the mix first
+(another seed, not measured) so every variant's predictor has learned the same way, then runs
+the levels against it in order; or it targets one running server with `--url` (start it with
+`--tenants` from `--write-tenants`).
 
     export PYTHONPATH=src; B=benchmarks/predictive_serve.py
-    .venv/bin/python $B                       # 5 servers x 32, 64 clients x 120 s: ~25 min
+    .venv/bin/python $B                       # 5 servers x (60 s + 32, 64 clients x 120 s): ~30 min
     .venv/bin/python $B --kv-blocks 400       # memory pressure (6,400 tokens of KV)
-    .venv/bin/python $B --predictive off all --duration 30    # a short proof, ~4 min
+    .venv/bin/python $B --predictive off all --duration 30 --learn 30   # a short proof
     .venv/bin/python $B --url http://127.0.0.1:8000 --label mine   # a running server
 
 Lengths: the CPU preset (the simulator's lengths x0.1: prompts ~60-250 tokens, outputs from
@@ -146,13 +148,18 @@ def error_by_class(before: dict, after: dict) -> dict[str, dict]:
     return out
 
 
-def bench(url: str, clients: int, args, out: Path) -> dict:
+def bench(url: str, clients: int, args, out: Path, learn: bool = False) -> dict:
+    """One level (or, `learn`, the unmeasured pass that teaches the predictor first: its own
+    seed, `--learn` seconds, in-flight requests cut after 5 s)."""
+    duration, seed = (args.learn, args.seed + 1000) if learn else (args.duration, args.seed)
     cmd = [sys.executable, "-m", "tierserve", "bench", "serve", "--base-url", url,
            "--workload", "heavy-tail", "--lengths", "cpu",
            "--length-scale", str(args.length_scale), "--concurrency", str(clients),
-           "--duration", str(args.duration), "--seed", str(args.seed),
+           "--duration", str(duration), "--seed", str(seed),
            "--out", str(out), "--no-progress"]  # fmt: skip
-    if args.warmup is not None:
+    if learn:
+        cmd += ["--warmup", "0", "--drain-timeout", "5"]
+    elif args.warmup is not None:
         cmd += ["--warmup", str(args.warmup)]
     for t in TENANTS:
         cmd += ["--tenant-key", f"{t}={key_of(t)}"]
@@ -244,6 +251,8 @@ def main() -> None:
     p.add_argument("--kv-blocks", type=int, default=None, help="the server's --num-kv-blocks")
     p.add_argument("--serve-args", default="", help="more `tierserve serve` flags")
     p.add_argument("--predictor-state", default=None, help="each server starts from this file")
+    p.add_argument("--learn", type=float, default=60.0,
+                   help="s of unmeasured load first: the predictor learns (0: cold)")  # fmt: skip
     p.add_argument("--url", default=None, help="a running server (tenants from --write-tenants)")
     p.add_argument("--label", default="running", help="--url: the variant's name")
     p.add_argument("--write-tenants", default=None, help="write the tenants file here and exit")
@@ -261,6 +270,8 @@ def main() -> None:
     for variant in [args.label] if args.url else args.predictive:
         with contextlib.ExitStack() as stack:
             url = args.url or stack.enter_context(server(variant, args, tmp))
+            if args.learn > 0:
+                bench(url, args.concurrency[0], args, tmp / f"{variant}-learn", learn=True)
             for clients in args.concurrency:
                 m = one_level(url, variant, clients, args, tmp)
                 rows.append(m)
