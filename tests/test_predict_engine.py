@@ -52,11 +52,15 @@ def test_the_predictive_flag():
         "order",
         "reserve",
         "ttft",
+        "routing",
     )
     from tierserve.cli import build_parser
 
     ns = build_parser().parse_args(["serve", "--predictive", "order", "ttft"])
     engine, _server = build_configs(merged_options(ns))
     assert engine.predictive == ("order", "ttft")
+    ns = build_parser().parse_args(["serve", "--predictive", "routing"])
+    engine, _server = build_configs(merged_options(ns))
+    assert engine.predictive == ("routing",)
     with pytest.raises(ValueError, match="predictive uses"):
         EngineArgs(predictive=("bogus",))

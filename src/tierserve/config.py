@@ -229,6 +229,9 @@ class SchedulerConfig:
     predictive_reserve: bool = False
     # The TTFT predictor (SLA admission, Retry-After) counts predicted output, not max_tokens.
     predictive_ttft: bool = False
+    # The scheduler's record carries its predicted KV and work (core/predictive.py
+    # ``PredictedLoad``): the cluster's ranking reads it from each replica's report.
+    predictive_routing: bool = False
     check_invariants: bool = False
 
     def __post_init__(self) -> None:

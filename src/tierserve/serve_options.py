@@ -274,7 +274,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--predictive", E + "predictive", str, "+",
         "uses of the output-length predictor: off (default) | all | any of order (shortest "
-        "predicted first in a class, 5 s aging bound), reserve, ttft", to_field=parse_predictive,
+        "predicted first in a class, 5 s aging bound), reserve, ttft, routing (the cluster "
+        "ranks replicas by predicted KV)", to_field=parse_predictive,
     ),
     Option(
         "--p0-calm-fraction", E + "p0_calm_fraction", float_or_none, None,

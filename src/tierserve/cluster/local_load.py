@@ -4,7 +4,9 @@ Replica stats reach a router one report period late. ``LocalLoad`` remembers the
 router sent, for ``hold_s`` (about two report periods, by which time the replica's own report
 counts them), and adds them to the reported stats as waiting requests of their class. Counting
 a request twice for a moment errs towards spreading a burst; not counting it at all sends the
-whole burst to whichever replica looked idlest in the last report. Plain Python, no Ray.
+whole burst to whichever replica looked idlest in the last report. A replica that reports its
+predicted KV (``--predictive routing``) gets each such request's prompt blocks added to it.
+Plain Python, no Ray.
 """
 
 from __future__ import annotations
@@ -37,14 +39,23 @@ class LocalLoad:
         if not q:
             return stats
         waiting, tokens = list(stats.waiting), list(stats.waiting_tokens)
+        blocks = list(stats.predicted_blocks or (0,) * len(waiting))
         extra = 0
         for _, p, n in q:
             waiting[p] += 1
             tokens[p] += n
+            blocks[p] += -(-n // stats.block_size)  # its prompt; its output is not known here
             extra += n
+        predicted = {}
+        if stats.predicted:
+            predicted = {
+                "predicted_blocks": tuple(blocks),
+                "predicted_tokens": stats.predicted_tokens + extra,
+            }
         return dataclasses.replace(
             stats,
             waiting=tuple(waiting),
             waiting_tokens=tuple(tokens),
             outstanding_tokens=stats.outstanding_tokens + extra,
+            **predicted,
         )

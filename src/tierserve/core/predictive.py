@@ -20,6 +20,11 @@
   preempted by growth already admitted. With no running request of c or above it is admitted
   as before. A request that outruns its prediction is reserved nothing more and grows exactly
   as today (preempting by the usual rules).
+* Routing (``SchedulerConfig.predictive_routing``): the scheduler's record carries a
+  ``PredictedLoad`` (``predicted_load``): per class, the KV blocks its running, swapped and
+  waiting requests are predicted to hold when they end (prompt + P50 output, at least what
+  they have), and the tokens all of them are predicted to still compute. The cluster's ranking
+  (routing/rank.py) reads it from each replica's report instead of counting ``max_tokens``.
 * Prediction for admission (``SchedulerConfig.predictive_ttft``): the scheduler's record
   (core/stats.py) counts the running and waiting requests' output still to come as predicted
   (P50) instead of as their ``max_tokens`` allows; the TTFT predictor of SLA admission and its
@@ -28,6 +33,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tierserve.core.kv.manager import ComputedBlocks
@@ -46,12 +52,21 @@ def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+@dataclass(frozen=True)
+class PredictedLoad:
+    """A replica's load as its predictor sees it (``Predictive.predicted_load``)."""
+
+    blocks: tuple[int, ...]  # by current class: KV blocks held at the predicted end
+    tokens: int  # tokens still to compute: prompts left + predicted output left (P50)
+
+
 class Predictive:
     config: SchedulerConfig
     kv: KVCacheManager
     policy: Policy
     clock: Clock
     running: dict[str, Request]
+    swapped: dict[str, Request]
 
     def _init_predictive(self, predictor: LengthPredictor | None) -> None:
         self.predictor = predictor or LengthPredictor()
@@ -88,6 +103,18 @@ class Predictive:
         if not self.config.predictive_ttft or request.request_id not in self.predictions:
             return allowed
         return min(allowed, max(1, self.predicted_remaining(request)))
+
+    def predicted_load(self) -> PredictedLoad:
+        """The running, swapped and waiting requests' predicted KV and work. O(requests)."""
+        bs = self.kv.block_size
+        blocks, tokens = [0] * NUM_PRIORITIES, 0
+        running = (*self.running.values(), *self.swapped.values())
+        for r in (*running, *self.policy.requests()):
+            p = self.predictions.get(r.request_id)
+            out = r.sampling_params.max_tokens if p is None else max(p.p50, r.num_output_tokens)
+            blocks[r.priority] += _blocks(r.num_prompt_tokens + out, bs)
+            tokens += r.num_tokens - r.num_computed_tokens + max(0, out - r.num_output_tokens)
+        return PredictedLoad(tuple(blocks), tokens)
 
     def _work_shift(self, request: Request) -> float:
         cfg = self.config

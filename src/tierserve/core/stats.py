@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tierserve.core.kv.manager import KVStats
+from tierserve.core.predictive import PredictedLoad
 from tierserve.core.preemption import PreemptionMode
 from tierserve.priority import NUM_PRIORITIES, Priority
 
@@ -88,6 +89,7 @@ class SchedulerStats:
     totals: PreemptionTotals  # since the start
     express_steps: int
     queue: QueueStats | None = None  # with_queue only
+    predicted: PredictedLoad | None = None  # SchedulerConfig.predictive_routing only
 
     @property
     def num_running(self) -> int:
@@ -145,6 +147,7 @@ def scheduler_stats(s: Scheduler, with_queue: bool = False) -> SchedulerStats:
         totals=PreemptionTotals(p.swap, p.recompute, p.swapped_in_blocks, p.swapped_out_blocks),
         express_steps=s.express_steps,
         queue=queue_stats(s) if with_queue else None,
+        predicted=s.predicted_load() if s.config.predictive_routing else None,
     )
 
 

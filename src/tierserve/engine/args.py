@@ -17,12 +17,12 @@ from tierserve.config import (
 from tierserve.core.spec.config import SpecConfig, with_draft_model
 from tierserve.model.config import QUANTIZATIONS
 
-PREDICTIVE_USES = ("order", "reserve", "ttft")
+PREDICTIVE_USES = ("order", "reserve", "ttft", "routing")
 PREDICTIVE_ORDER_S = 5.0  # the aging bound of --predictive order (docs/scheduling.md)
 
 
 def parse_predictive(words) -> tuple[str, ...]:
-    """`--predictive off | all | order reserve ttft` (any of the three) -> the uses."""
+    """`--predictive off | all | order reserve ttft routing` (any of the four) -> the uses."""
     words = [words] if isinstance(words, str) else list(words)
     if words in (["off"], ["none"], []):
         return ()

@@ -162,6 +162,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             predictive_order_s=PREDICTIVE_ORDER_S if "order" in args.predictive else 0.0,
             predictive_reserve="reserve" in args.predictive,
             predictive_ttft="ttft" in args.predictive,
+            predictive_routing="routing" in args.predictive,
         ),
         args.policy,
         args.priorities,

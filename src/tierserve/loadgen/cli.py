@@ -39,6 +39,14 @@ def add_serve_bench_arguments(p: argparse.ArgumentParser) -> None:
         help="Bearer key, for one class (P0..P3 or a tier name) or all (repeatable)",
     )
     g.add_argument(
+        "--tenant-key",
+        action="append",
+        default=[],
+        metavar="TENANT=KEY",
+        help="heavy-tail: the Bearer key of a tenant (repeatable); a tenant without one is "
+        "named in x-tenant-id",
+    )
+    g.add_argument(
         "--request-timeout",
         type=float,
         default=None,
@@ -98,6 +106,20 @@ def add_serve_bench_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
 
     g = p.add_argument_group("workload")
+    g.add_argument(
+        "--workload",
+        choices=["classes", "heavy-tail"],
+        default="classes",
+        help="classes: per-class lengths (default); heavy-tail: the simulator's tenants and "
+        "templates with lognormal / mixture output lengths, each request ending by EOS at its "
+        "drawn length (docs/scheduling.md, predictive scheduling)",
+    )
+    g.add_argument(
+        "--eos-token-id",
+        type=int,
+        default=None,
+        help="heavy-tail: the model's EOS id (default: the tokenizer's model names it)",
+    )
     g.add_argument(
         "--mix",
         type=float,

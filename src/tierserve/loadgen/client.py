@@ -42,6 +42,8 @@ class RequestRecord:
     # The server's predicted time to first token, when it says (tierserve with SLA admission:
     # x-tierserve-predicted-ttft-ms), to measure its predictor against the TTFT seen here.
     predicted_ttft: float | None = None
+    template: str | None = None  # --workload heavy-tail: its template ...
+    stop_after: int | None = None  # ... and the output length it was sent to end at
 
     @property
     def first_token(self) -> float | None:
@@ -58,6 +60,8 @@ class Endpoint:
     ignore_eos: bool = False
     temperature: float = 0.0
     timeout_s: float | None = None  # a request's whole time (None: no limit)
+    tenant_keys: dict = field(default_factory=dict)  # tenant name -> key (heavy-tail)
+    eos_token_id: int | None = None  # the model's EOS, to end a request at its `stop_after`
 
     @property
     def url(self) -> str:
@@ -81,15 +85,34 @@ def build_request(ep: Endpoint, spec: RequestSpec) -> tuple[dict, dict]:
         body["prompt"] = spec.prompt
     if ep.ignore_eos:
         body["ignore_eos"] = True
+    if spec.stop_after is not None:
+        _end_at(body, spec.stop_after, ep.eos_token_id)
     headers = {}
     if ep.priority_via == "header":
         headers["x-request-tier"] = f"p{int(spec.priority)}"
     elif ep.priority_via == "body":
         body["priority"] = int(spec.priority)
-    key = ep.api_keys.get(int(spec.priority), ep.api_keys.get(None))
+    key = ep.tenant_keys.get(spec.tenant) if spec.tenant is not None else None
+    if key is None:
+        key = ep.api_keys.get(int(spec.priority), ep.api_keys.get(None))
+        if spec.tenant is not None:  # no key of its own: named (tierserve without keys)
+            headers["x-tenant-id"] = spec.tenant
     if key:
         headers["authorization"] = f"Bearer {key}"
     return headers, body
+
+
+def _end_at(body: dict, n: int, eos: int | None) -> None:
+    """Make the model end after `n` output tokens, the last one its EOS: EOS is masked for the
+    first n - 1 (`min_tokens`) and then biased to win (`logit_bias` +100). Both are sampling
+    settings of the OpenAI-compatible API (tierserve and vLLM); neither is a feature of
+    tierserve's length predictor, which sees only the generous `max_tokens`."""
+    if eos is None:
+        raise ValueError("ending a request at a drawn length needs the model's EOS token id")
+    if n < 1 or n > body["max_tokens"]:
+        raise ValueError(f"stop_after {n} must lie in [1, max_tokens {body['max_tokens']}]")
+    body["min_tokens"] = n - 1
+    body["logit_bias"] = {str(eos): 100}
 
 
 def parse_retry_after(value: str | None) -> float | None:

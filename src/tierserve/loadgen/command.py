@@ -51,8 +51,10 @@ async def resolve_model(http: httpx.AsyncClient, ep: client.Endpoint) -> client.
     """Reach the server (GET /v1/models) and fill in the model name when none was given.
     Raises ConnectionError with a clear message when nothing answers."""
     url = f"{ep.base_url}/v1/models"
+    keys = [*ep.api_keys.values(), *ep.tenant_keys.values()]
+    headers = {"authorization": f"Bearer {keys[0]}"} if keys else {}
     try:
-        r = await http.get(url, timeout=15.0)
+        r = await http.get(url, timeout=15.0, headers=headers)
     except httpx.HTTPError as exc:
         raise ConnectionError(f"cannot reach {ep.base_url}: {type(exc).__name__}: {exc}") from None
     if ep.model:

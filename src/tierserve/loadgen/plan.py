@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 
 from tierserve.loadgen.client import Endpoint
+from tierserve.loadgen.heavy_tail import PRESET_SCALE, HeavyTailSource, template_table
 from tierserve.loadgen.runner import Level, Limits
 from tierserve.loadgen.scenarios import FloodOptions
 from tierserve.loadgen.workload import (
@@ -35,6 +36,8 @@ class Plan:
     gamma_cv: float
     config: dict
     lengths_auto: bool = False  # `--lengths auto`: chosen from a probe before the first level
+    workload_kind: str = "classes"  # classes | heavy-tail
+    preset: str = "sim"  # the length preset in use (heavy-tail: its scale)
 
     def use_lengths(self, preset: str, args_scale: float, why: str) -> None:
         """Settle `--lengths auto` on `preset` (the fixed overrides keep applying)."""
@@ -44,7 +47,14 @@ class Plan:
         cfg["lengths"] = cfg["lengths"].replace("auto", f"auto: {preset}", 1)
         cfg["lengths_reason"] = why
         cfg["classes"] = _class_table(self.workload)
+        self.preset = preset
+        if self.workload_kind == "heavy-tail":
+            cfg["templates"] = template_table(self.heavy_scale)
         self.lengths_auto = False
+
+    @property
+    def heavy_scale(self) -> float:
+        return PRESET_SCALE[self.preset] * self.config["length_scale"]
 
     def source(self, level: int, mix: tuple | None = None, seed_offset: int = 0):
         """A fresh request source: the same seeded sequence at every level (text seeded per
@@ -54,6 +64,8 @@ class Plan:
             cfg = replace(cfg, mix=mix or cfg.mix, seed=cfg.seed + seed_offset)
         if self.conversations is not None:
             return DatasetSource(self.conversations, cfg, self.prompts)
+        if self.workload_kind == "heavy-tail":
+            return HeavyTailSource(cfg, self.prompts, self.heavy_scale, f"{cfg.seed}:{level}")
         return RandomSource(cfg, self.prompts, text_seed=f"{cfg.seed}:{level}")
 
 
@@ -69,6 +81,48 @@ def parse_api_keys(items: list[str]) -> dict:
         except ValueError as exc:
             raise ValueError(f"--api-key {cls}=...: {exc}") from None
     return keys
+
+
+def parse_tenant_keys(items: list[str]) -> dict:
+    keys: dict = {}
+    for item in items:
+        tenant, sep, key = item.partition("=")
+        if not sep or not tenant or not key:
+            raise ValueError(f"--tenant-key takes TENANT=KEY, got {item!r}")
+        keys[tenant] = key
+    return keys
+
+
+def _check_heavy_tail(args) -> None:
+    if args.workload != "heavy-tail":
+        return
+    clash = [
+        name
+        for name, bad in (
+            ("--prompt-len", args.prompt_len),
+            ("--output-len", args.output_len),
+            ("--dataset", args.dataset != ["random"]),
+            ("--ignore-eos", args.ignore_eos),
+        )
+        if bad
+    ]
+    if clash:
+        raise ValueError(
+            f"--workload heavy-tail draws its own lengths and ends each request by EOS: "
+            f"drop {', '.join(clash)}"
+        )
+
+
+def _eos_for(args, prompts) -> int | None:
+    if args.workload != "heavy-tail":
+        return None
+    eos = args.eos_token_id if args.eos_token_id is not None else prompts.eos_token_id
+    if eos is None:
+        raise ValueError(
+            "--workload heavy-tail ends each request with the model's EOS token: give "
+            "--eos-token-id N (the tokenizer given does not name one)"
+        )
+    return eos
 
 
 def _four(values, name: str) -> tuple:
@@ -148,6 +202,7 @@ def _endpoint(args) -> Endpoint:
         ignore_eos=args.ignore_eos,
         temperature=args.temperature,
         timeout_s=args.request_timeout,
+        tenant_keys=parse_tenant_keys(args.tenant_key),
     )
 
 
@@ -180,9 +235,11 @@ def _config(args, plan: Plan) -> dict:
     return {
         "label": args.label or args.out.rstrip("/").split("/")[-1],
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        **{k: v for k, v in asdict(ep).items() if k != "api_keys"},
+        **{k: v for k, v in asdict(ep).items() if k not in ("api_keys", "tenant_keys")},
         "api_key_classes": sorted("all" if k is None else f"P{k}" for k in ep.api_keys),
+        "tenant_key_tenants": sorted(ep.tenant_keys),
         "scenario": args.scenario,
+        "workload": args.workload,
         "seed": args.seed,
         "mix": list(plan.workload.mix),
         "lengths": lengths,
@@ -205,6 +262,7 @@ def build_plan(args: argparse.Namespace, tokenizer_loader) -> Plan:
     """`tokenizer_loader(path)` gives the PromptMaker (injected, so tests can pass a small one);
     it is called last, after every cheap check."""
     ep, levels, limits = _endpoint(args), _levels(args), _limits(args)
+    _check_heavy_tail(args)
     preset = "sim" if args.lengths == "auto" else args.lengths  # auto: settled by a probe
     classes = class_specs(preset, args.length_scale, args.prompt_len, args.output_len)
     workload = WorkloadConfig(mix=tuple(m / 100 for m in args.mix), classes=classes, seed=args.seed)
@@ -222,7 +280,13 @@ def build_plan(args: argparse.Namespace, tokenizer_loader) -> Plan:
         gamma_cv=args.gamma_cv,
         config={},
         lengths_auto=args.lengths == "auto" and _dataset_free(args),
+        workload_kind=args.workload,
+        preset=preset,
     )
     plan.config = _config(args, plan)
+    if plan.workload_kind == "heavy-tail":
+        plan.config["templates"] = template_table(plan.heavy_scale)
     plan.prompts = tokenizer_loader(args.tokenizer)
+    plan.endpoint = replace(ep, eos_token_id=_eos_for(args, plan.prompts))
+    plan.config["eos_token_id"] = plan.endpoint.eos_token_id
     return plan

@@ -114,6 +114,7 @@ class _Level:
         rec = RequestRecord(
             spec.index, int(spec.priority), now, spec.prompt_tokens, spec.max_tokens, measured
         )
+        rec.template, rec.stop_after = spec.template, spec.stop_after
         self.records.append(rec)
         return rec
 

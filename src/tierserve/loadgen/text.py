@@ -10,6 +10,7 @@ server's `usage.prompt_tokens` is what the results count when the server reports
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from importlib import resources
@@ -32,6 +33,7 @@ class HFTokenizer:
     """A Hugging Face `tokenizers.Tokenizer`, without special tokens on either side."""
 
     tokenizer: object
+    eos_token_id: int | None = None  # the model's, when known (to end requests by EOS)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -49,7 +51,9 @@ def load_tokenizer(path: str | None) -> TextTokenizer:
         from tierserve.model.loader import ModelNotFound, load_model
 
         try:
-            return HFTokenizer(load_model().tokenizer.tokenizer)
+            m = load_model()
+            eos = m.config.eos_token_ids
+            return HFTokenizer(m.tokenizer.tokenizer, eos[0] if eos else None)
         except ModelNotFound as exc:
             raise TokenizerError(
                 f"{exc}; or give --tokenizer PATH (a tokenizer.json or a Hugging Face folder)"
@@ -59,9 +63,22 @@ def load_tokenizer(path: str | None) -> TextTokenizer:
     if not file.is_file():
         raise TokenizerError(f"--tokenizer {path}: no tokenizer.json at {file}")
     try:
-        return HFTokenizer(Tokenizer.from_file(str(file)))
+        return HFTokenizer(Tokenizer.from_file(str(file)), _folder_eos(file.parent))
     except Exception as exc:  # the tokenizers library raises bare Exceptions on bad files
         raise TokenizerError(f"--tokenizer {path}: cannot read {file}: {exc}") from None
+
+
+def _folder_eos(folder: Path) -> int | None:
+    """The EOS id a Hugging Face folder's generation_config.json or config.json names."""
+    for name in ("generation_config.json", "config.json"):
+        try:
+            eos = json.loads((folder / name).read_text("utf-8")).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        if isinstance(eos, int) and not isinstance(eos, bool):
+            return eos
+    return None
 
 
 def read_corpus() -> str:
@@ -73,6 +90,7 @@ class PromptMaker:
 
     def __init__(self, tokenizer: TextTokenizer, corpus: str | None = None) -> None:
         self.tokenizer = tokenizer
+        self.eos_token_id: int | None = getattr(tokenizer, "eos_token_id", None)
         self.ids = tokenizer.encode(corpus if corpus is not None else read_corpus())
         if not self.ids:
             raise TokenizerError("the prompt corpus encodes to no tokens")
@@ -80,8 +98,8 @@ class PromptMaker:
     def count(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
 
-    def make(self, n_tokens: int, index: int, seed: str | int) -> str:
-        tag = f"Request {index}. "
+    def make(self, n_tokens: int, index: int, seed: str | int, tag: str | None = None) -> str:
+        tag = f"Request {index}. " if tag is None else tag
         need = max(0, n_tokens - self.count(tag))
         start = random.Random(f"{seed}:{index}").randrange(len(self.ids))
         reps = -(-(start + need) // len(self.ids))

@@ -29,6 +29,11 @@ class RequestSpec:
     prompt_tokens: int  # as counted by our tokenizer (the server's usage wins when given)
     max_tokens: int
     messages: tuple[dict, ...] | None = None  # a dataset conversation (chat)
+    # --workload heavy-tail (loadgen/heavy_tail.py): who sends it, through which template, and
+    # the output length it is to end at (by EOS; the server's predictor never reads it).
+    tenant: str | None = None
+    template: str | None = None
+    stop_after: int | None = None
 
 
 def _scaled(d: LengthDist, f: float) -> LengthDist:

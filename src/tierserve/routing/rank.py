@@ -24,8 +24,15 @@ Every replica gets a *cost* in tokens, lower is better:
   ``prefix_margin_ratio`` of the best and that hold more of the request's first prompt blocks
   than the best does go first (more matching blocks first), reason ``prefix``. When the best
   already holds the longest prefix, nothing moves.
-* **Ties**: the least outstanding tokens in all, then the replica id, so the ranking does not
-  depend on the order of the stats list.
+* **Predicted KV** (when every replica reports its predictor's figures, ``--predictive
+  routing``; ``ReplicaStats.predicted_blocks``): a P1..P3 request's cost also counts the KV its
+  replica is predicted to run short of: the blocks the requests of its class and above are
+  predicted to hold when they end (prompt + P50 output), plus its own prompt's, beyond the
+  replica's blocks, in tokens (what would be preempted and computed again). P0's rule is
+  unchanged (it preempts lower classes by design).
+* **Ties**: the least outstanding tokens in all (with predictions: the tokens predicted still
+  to compute, where ``outstanding_tokens`` counts every running request's ``max_tokens``), then
+  the replica id, so the ranking does not depend on the order of the stats list.
 """
 
 from __future__ import annotations
@@ -112,16 +119,30 @@ def queued_at_or_above(s: ReplicaStats, priority: Priority) -> int:
     return sum(s.waiting_tokens[c] + s.prefill_tokens[c] for c in range(priority + 1))
 
 
-def _score(req: RouteRequest, s: ReplicaStats, cfg: RoutingConfig) -> _Score:
+def predicted_shortfall(req: RouteRequest, s: ReplicaStats) -> int:
+    """Tokens of KV replica `s` is predicted to run short of if `req` joins it: the predicted
+    blocks of its class and above, plus its prompt's, beyond the replica's blocks."""
+    if s.predicted_blocks is None:
+        return 0
+    need = sum(s.predicted_blocks[: req.priority + 1]) + _blocks(
+        req.prompt_tokens + 1, s.block_size
+    )
+    return max(0, need - s.num_blocks) * s.block_size
+
+
+def _score(req: RouteRequest, s: ReplicaStats, cfg: RoutingConfig, predicted: bool) -> _Score:
     match = s.prefix_match(req)
+    total = s.predicted_tokens if predicted else s.outstanding_tokens
     if req.priority == Priority.P0:
         ok, displaced = p0_start_cost(req, s, cfg)
         reason = (P0_FREE if displaced == 0 else P0_PREEMPT) if ok else P0_WAIT
         in_flight = min(sum(s.prefill_tokens[1:]), s.max_step_tokens)
         cost = queued_at_or_above(s, Priority.P0) + displaced + in_flight
-        return _Score(ok, cost, s.outstanding_tokens, s.replica_id, reason, match)
+        return _Score(ok, cost, total, s.replica_id, reason, match)
     cost = queued_at_or_above(s, req.priority)
-    return _Score(True, cost, s.outstanding_tokens, s.replica_id, LEAST_QUEUED, match)
+    if predicted:
+        cost += predicted_shortfall(req, s)
+    return _Score(True, cost, total, s.replica_id, LEAST_QUEUED, match)
 
 
 def rank_replicas(
@@ -130,7 +151,8 @@ def rank_replicas(
     """Every replica, best first, with the reason for its place (see the module docstring)."""
     if len({s.replica_id for s in stats}) != len(stats):
         raise ValueError(f"duplicate replica ids in {[s.replica_id for s in stats]}")
-    scores = sorted((_score(request, s, config) for s in stats), key=_Score.key)
+    predicted = bool(stats) and all(s.predicted for s in stats)
+    scores = sorted((_score(request, s, config, predicted) for s in stats), key=_Score.key)
     if not scores:
         return []
     best = scores[0]

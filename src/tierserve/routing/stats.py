@@ -8,6 +8,9 @@ The prefix summary holds the hash keys of the first ``PREFIX_BLOCKS`` computed b
 running requests (every such block is in the prefix cache), the ``prefix_limit`` most common.
 A prefix whose last holder has finished may still sit in the cache, evictable, without being
 advertised: the summary errs towards under-claiming.
+
+With ``--predictive routing`` (``SchedulerConfig.predictive_routing``) the record carries the
+replica's predicted KV and work (core/predictive.py ``PredictedLoad``), and so does the report.
 """
 
 from __future__ import annotations
@@ -45,4 +48,6 @@ def replica_stats(
         outstanding_tokens=stats.outstanding_tokens,
         prefix_hashes=frozenset(hash_key(h) for h, _ in stats.prefix_counts[:prefix_limit]),
         time=stats.time,
+        predicted_blocks=stats.predicted.blocks if stats.predicted else None,
+        predicted_tokens=stats.predicted.tokens if stats.predicted else None,
     )

@@ -88,6 +88,11 @@ class ReplicaStats:
     outstanding_tokens: int  # waiting tokens + what running/swapped requests still compute
     prefix_hashes: frozenset[int] = frozenset()  # hash keys of cached leading prompt blocks
     time: float = 0.0  # the replica's clock when measured
+    # From the replica's length predictor (``--predictive routing``; None: not reported): per
+    # class, the KV blocks its running, swapped and waiting requests are predicted to hold when
+    # they end (prompt + P50 output), and the tokens all of them are predicted to still compute.
+    predicted_blocks: tuple[int, ...] | None = None
+    predicted_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in _PER_CLASS:
@@ -102,11 +107,38 @@ class ReplicaStats:
             raise ValueError(f"replica {self.replica_id!r}: partition_free needs 3 values")
         object.__setattr__(self, "partition_free", tuple(self.partition_free))
         object.__setattr__(self, "prefix_hashes", frozenset(self.prefix_hashes))
+        self._check_predicted()
         if min(self.block_size, self.max_seats, self.max_step_tokens) < 1:
             raise ValueError(
                 f"replica {self.replica_id!r}: block_size, max_seats and max_step_tokens must be "
                 ">= 1"
             )
+
+    def _check_predicted(self) -> None:
+        pb, pt = self.predicted_blocks, self.predicted_tokens
+        if (pb is None) != (pt is None):
+            raise ValueError(
+                f"replica {self.replica_id!r}: predicted_blocks and predicted_tokens come together"
+            )
+        if pb is None:
+            return
+        pb = tuple(pb)
+        if len(pb) != NUM_PRIORITIES or any(not isinstance(x, int) or x < 0 for x in pb):
+            raise ValueError(
+                f"replica {self.replica_id!r}: predicted_blocks must be {NUM_PRIORITIES} "
+                f"non-negative integers (P0..P3), got {self.predicted_blocks!r}"
+            )
+        if not isinstance(pt, int) or pt < 0:
+            raise ValueError(
+                f"replica {self.replica_id!r}: predicted_tokens must be a non-negative integer, "
+                f"got {pt!r}"
+            )
+        object.__setattr__(self, "predicted_blocks", pb)
+
+    @property
+    def predicted(self) -> bool:
+        """Whether the replica reports what its predictor expects."""
+        return self.predicted_blocks is not None
 
     @property
     def free_seats(self) -> int:
@@ -137,7 +169,8 @@ class ReplicaStats:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"replica stats: unknown field(s) {', '.join(unknown)}")
-        required = {f.name for f in fields(cls) if f.name not in ("prefix_hashes", "time")}
+        optional = ("prefix_hashes", "time", "predicted_blocks", "predicted_tokens")
+        required = {f.name for f in fields(cls) if f.name not in optional}
         missing = sorted(required - set(d))
         if missing:
             raise ValueError(f"replica stats: missing field(s) {', '.join(missing)}")

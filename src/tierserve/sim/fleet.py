@@ -234,6 +234,7 @@ def run_fleet(cfg: FleetConfig) -> dict:
             "routing": asdict(cfg.routing),
             "rate_profile": [list(x) for x in cfg.rate_profile],
             "ingress_max_queued": cfg.ingress_max_queued,
+            "predictive_routing": sim.predictive_routing,
         },
     )
     return out

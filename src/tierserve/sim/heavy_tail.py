@@ -21,12 +21,16 @@ length is only known once the request ends: the simulated model samples EOS at t
 ("share": of its class's requests.)
 
 Prompts: lognormal per template (the system prompt included), as in the default classes.
+
+``HeavyTailWorkload.draw`` is the one seeded draw (class, template, prompt and output length);
+the simulator turns it into token ids here, ``bench serve`` into text and a request that ends
+at the drawn length (loadgen/heavy_tail.py). ``scaled`` shortens every length for a CPU.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tierserve.priority import Priority
 from tierserve.request import Request
@@ -80,6 +84,37 @@ TEMPLATES: tuple[Template, ...] = (
 )
 
 
+def _scaled_dist(d: LengthDist, f: float) -> LengthDist:
+    return LengthDist(d.median * f, d.sigma, max(1, round(d.lo * f)), max(1, round(d.hi * f)))
+
+
+def scaled(templates: tuple[Template, ...], f: float) -> tuple[Template, ...]:
+    """`templates` with every prompt and output length (medians, bounds, ``max_tokens``)
+    multiplied by `f` (``max_tokens`` at least 16), the shapes and shares unchanged."""
+    if f <= 0:
+        raise ValueError(f"the length scale must be positive, got {f}")
+    if f == 1:
+        return templates
+    return tuple(
+        replace(
+            t,
+            prompt=_scaled_dist(t.prompt, f),
+            output=_scaled_dist(t.output, f),
+            tail=_scaled_dist(t.tail, f) if t.tail is not None else None,
+            max_tokens=max(16, round(t.max_tokens * f)),
+        )
+        for t in templates
+    )
+
+
+@dataclass(frozen=True)
+class Draw:
+    index: int  # position in the seeded sequence
+    template: Template
+    prompt_tokens: int  # the system prompt included
+    output_tokens: int  # where the model ends (by EOS), at most the template's max_tokens
+
+
 class HeavyTailWorkload(Workload):
     """`cfg` gives the class mix, arrivals and seed; TEMPLATES give everything else."""
 
@@ -91,24 +126,31 @@ class HeavyTailWorkload(Workload):
             if cfg.mix[c] > 0 and not self._by_class[c]:
                 raise ValueError(f"the heavy-tailed workload has no template of class {c.label}")
 
-    def make(self, now: float) -> Request:
+    def draw(self, system_tokens: int = SYSTEM_TOKENS) -> Draw:
+        """The next request's class, template and lengths (the prompt at least one token
+        longer than its `system_tokens` system prompt)."""
         rng = self.rng
         prio = self._class()
         choices = self._by_class[prio]
         t = rng.choices(choices, weights=[x.share for x in choices])[0]
-        n_prompt = max(SYSTEM_TOKENS + 1, t.prompt.sample(rng))
+        n_prompt = max(system_tokens + 1, t.prompt.sample(rng))
         n_out = max(1, t.sample_output(rng))
         uid = self._n
         self._n += 1
+        return Draw(uid, t, n_prompt, n_out)
+
+    def make(self, now: float) -> Request:
+        d = self.draw()
+        t, uid = d.template, d.index
         system = [200 + self.templates.index(t)] * SYSTEM_TOKENS
-        body = [1000 + uid % (self.cfg.vocab_size - 1000)] * (n_prompt - SYSTEM_TOKENS)
+        body = [1000 + uid % (self.cfg.vocab_size - 1000)] * (d.prompt_tokens - SYSTEM_TOKENS)
         rid = f"sim-{uid}"
-        self.output_lengths[rid] = n_out
+        self.output_lengths[rid] = d.output_tokens
         return Request(
             rid,
             system + body,
             SamplingParams(max_tokens=t.max_tokens, temperature=0.0),
-            priority=prio,
+            priority=t.priority,
             tenant=t.tenant,
             arrival_time=now,
             eos_token_id=SIM_EOS,

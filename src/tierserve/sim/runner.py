@@ -73,6 +73,7 @@ class SimConfig:
     predictive_order_s: float = 0.0
     predictive_reserve: bool = False
     predictive_ttft: bool = False
+    predictive_routing: bool = False  # a fleet's ranking reads the predicted KV (routing/rank)
 
     @property
     def label(self) -> str:
@@ -110,6 +111,7 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
             predictive_order_s=cfg.predictive_order_s,
             predictive_reserve=cfg.predictive_reserve,
             predictive_ttft=cfg.predictive_ttft,
+            predictive_routing=cfg.predictive_routing,
         ),
         replace(policy_for_sla_admission(policy), sla_urgency_fraction=cfg.sla_urgency_fraction)
         if cfg.admission.sla_admission
@@ -206,6 +208,7 @@ def run_simulation(
             "predictive_order_s": cfg.predictive_order_s,
             "predictive_reserve": cfg.predictive_reserve,
             "predictive_ttft": cfg.predictive_ttft,
+            "predictive_routing": cfg.predictive_routing,
             "max_retries": cfg.max_retries,
             "demote_tenants": list(cfg.demote_tenants),
             "end_early_tenants": list(cfg.end_early_tenants),

@@ -1,8 +1,10 @@
 """The predictor's state on disk: one JSON file under the cache dir, written atomically.
 
 ``$TIERSERVE_CACHE_DIR/predictor/lengths.json`` by default (the cache dir as the autotune cache
-and the simulator's profiles find it, tierserve/paths.py). A missing file is a cold start; a
-corrupt or foreign one is ignored with a warning (logged, and returned), never a crash.
+and the simulator's profiles find it, tierserve/paths.py); ``$TIERSERVE_PREDICTOR_STATE`` names
+another file (a benchmark gives each server its own, so no run starts from another's learning).
+A missing file is a cold start; a corrupt or foreign one is ignored with a warning (logged, and
+returned), never a crash.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ from tierserve.paths import cache_dir
 log = logging.getLogger(__name__)
 
 
+STATE_ENV = "TIERSERVE_PREDICTOR_STATE"
+
+
 def default_path() -> Path:
-    return cache_dir() / "predictor" / "lengths.json"
+    named = os.environ.get(STATE_ENV)
+    return Path(named) if named else cache_dir() / "predictor" / "lengths.json"
 
 
 def load_state(predictor: LengthPredictor, path: Path | None = None) -> str | None:
