@@ -26,7 +26,7 @@ from tierserve.engine.load import measure_load
 from tierserve.priority import Priority
 from tierserve.request import Request
 from tierserve.routing import ReplicaStats, Router, RouteRequest, replica_stats
-from tierserve.routing.late_binding import WaitQueue, class_room
+from tierserve.routing.late_binding import WaitQueue, batch_room, class_room, could_batch
 from tierserve.sim.driver import DriveResult, EngineFeed, SlaClients, first_arrivals, resend
 from tierserve.sim.events import EventKind, EventQueue
 from tierserve.sim.executor import SimExecutor
@@ -66,7 +66,16 @@ class Replica:
 
     def seats(self) -> ReplicaLoad:
         s = self.stats()
-        return ReplicaLoad(running=s.running, waiting=s.waiting, max_num_seqs=s.max_seats)
+        return ReplicaLoad(
+            running=s.running,
+            waiting=s.waiting,
+            waiting_tokens=s.waiting_tokens,
+            max_num_seqs=s.max_seats,
+            max_step_tokens=s.max_step_tokens,
+            prefill_tokens=s.prefill_tokens,
+            headroom=s.headroom,
+            block_size=s.block_size,
+        )
 
 
 @dataclass
@@ -88,6 +97,7 @@ class FleetOptions:
     rate_profile: tuple[tuple[float, float], ...] = ()  # open loop: (from time, rate factor)
     max_retries: int = 0
     sla: SlaClients | None = None
+    batch_release: bool = True  # with the queue: held P2/P3 also leave by step budget
 
 
 class FleetDriver:
@@ -176,17 +186,24 @@ class FleetDriver:
     def room(self, priority: Priority) -> int:
         return class_room((r.seats() for r in self.routable()), priority)
 
-    def dispatch(self, req: Request, t: float, attempt: int, decision) -> None:
+    def dispatch(
+        self, req: Request, t: float, attempt: int, decision, by_batch: bool = False
+    ) -> None:
+        """Bind `req` to a replica: the router's first; with the ingress queue on, the first
+        ranked with a seat for its class (`by_batch`: that could batch its prompt now)."""
         reps = self.routable()
         ask = RouteRequest.of(req.prompt_token_ids, req.priority, self.block_size, req.cache_salt)
         ranked = self.router(ask, [r.stats() for r in reps])
         rid, reason = ranked[0]
         if self.opt.ingress_queue:  # late binding: the first ranked replica with room
-            by_id = {r.replica_id: r for r in reps}
-            rid, reason = next(
-                ((i, why) for i, why in ranked if class_room([by_id[i].seats()], req.priority)),
-                ranked[0],
-            )
+            by_id, p, n = {r.replica_id: r for r in reps}, req.priority, req.num_prompt_tokens
+
+            def fits(i: str) -> bool:
+                r = by_id[i]
+                load = r.seats()
+                return could_batch(load, p, n) if by_batch else class_room([load], p) > 0
+
+            rid, reason = next(((i, why) for i, why in ranked if fits(i)), ranked[0])
         self.result.decisions[reason] += 1
         self.result.routed[rid] += 1
         rep = next(r for r in reps if r.replica_id == rid)
@@ -202,11 +219,16 @@ class FleetDriver:
         if not self.held.depth():
             return
 
-        def send(_c: Priority, h: Held) -> None:
+        def send(c: Priority, h: Held) -> None:
             self.view.released(h)
-            self.dispatch(h.req, t, h.attempt, h.decision)
+            self.dispatch(h.req, t, h.attempt, h.decision, by_batch=self.room(c) <= 0)
 
         self.held.release(self.room, send)
+        if self.opt.batch_release:
+            self.held.release_to_batch(self.batch_room, lambda h: h.req.num_prompt_tokens, send)
+
+    def batch_room(self, priority: Priority, prompt_tokens: int) -> int:
+        return batch_room((r.seats() for r in self.routable()), priority, prompt_tokens)
 
     # -- the autoscaler -------------------------------------------------------------------
     def tick(self, t: float) -> None:
