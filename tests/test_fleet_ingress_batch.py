@@ -42,24 +42,31 @@ def test_batch_room_is_the_step_budget_of_replicas_that_could_take_the_prompt_wh
     assert batch_room(loads, P2, 3000) == 0
 
 
-def test_a_held_p2_leaves_by_step_budget_p1_only_by_seats_in_class_order():
+def test_a_held_p2_leaves_by_step_budget_once_no_p1_waits_in_class_order():
     q: WaitQueue[str] = WaitQueue()
     for prio, name in [(P3, "p3"), (P2, "p2-big"), (P2, "p2"), (P1, "p1")]:
         q.push(prio, "t", name)
     cost = {"p1": 100, "p2-big": 1500, "p2": 100, "p3": 100}
-    budget = [1000]
+    budget = [5000]
     sent: list[str] = []
 
     def send(_c: Priority, item: str) -> None:
         sent.append(item)
         budget[0] -= cost[item]
 
-    # No seat for anyone: P1 stays; P2's next (the big one) does not fit and holds P2 and P3.
+    def room(_p: Priority, _n: int) -> int:
+        return budget[0]
+
+    # No seat for anyone: P1 waits, and while it does nothing leaves by budget.
     assert q.release(lambda _p: 0, send) == 0
-    assert q.release_to_batch(lambda _p, _n: budget[0], cost.get, send) == 0
+    assert q.release_to_batch(room, cost.get, send) == 0
+    assert q.release(lambda p: 1 if p == P1 else 0, send) == 1 and sent == ["p1"]
+    # P2's next (the big one) does not fit the budget left: it holds P2 and P3.
+    budget[0] = 1000
+    assert q.release_to_batch(room, cost.get, send) == 0
     budget[0] = 1800
-    assert q.release_to_batch(lambda _p, _n: budget[0], cost.get, send) == 3
-    assert sent == ["p2-big", "p2", "p3"] and q.depth(P1) == 1  # P1 never by budget
+    assert q.release_to_batch(room, cost.get, send) == 3
+    assert sent == ["p1", "p2-big", "p2", "p3"] and q.depth() == 0
 
 
 def test_the_cluster_ingress_sends_a_held_p2_to_a_replica_with_step_budget():
@@ -67,9 +74,6 @@ def test_the_cluster_ingress_sends_a_held_p2_to_a_replica_with_step_budget():
         q = IngressQueue(lambda: 10.0)
         q.set_view(FleetView(loads={"r0": kept(budget=1000)}, reported_at={"r0": 10.0}))
         assert q.room(P2) == 0  # every seat held by P1
-        p1 = asyncio.create_task(q.wait_turn(P1, "t", 100))
-        await asyncio.sleep(0)
-        assert not p1.done()  # P1 waits for a seat
         await asyncio.wait_for(q.wait_turn(P2, "t", 600), 0.1)  # the step has 998 tokens free
         p2 = asyncio.create_task(q.wait_turn(P2, "t", 600))  # 398 left until the next report
         p0 = asyncio.create_task(q.wait_turn(P0, "t", 5000))
@@ -77,8 +81,17 @@ def test_the_cluster_ingress_sends_a_held_p2_to_a_replica_with_step_budget():
         assert p0.done() and not p2.done() and q.depth(P2) == 1
         q.set_view(FleetView(loads={"r0": kept(budget=1000)}, reported_at={"r0": 11.0}))
         await asyncio.sleep(0)
-        assert p2.done() and not p1.done()  # a new report: budget again; still no P1 seat
-        p1.cancel()
+        assert p2.done()  # a new report: budget again
+        # A P1 request waits for a seat: then a P2 waits too, budget or not.
+        p1 = asyncio.create_task(q.wait_turn(P1, "t", 100))
+        later = asyncio.create_task(q.wait_turn(P2, "t", 10))
+        q.set_view(FleetView(loads={"r0": kept(budget=1000)}, reported_at={"r0": 12.0}))
+        await asyncio.sleep(0)
+        assert not p1.done() and not later.done() and q.depth() == 2
+        free = ReplicaLoad(**{**vars(kept(budget=1000)), "running": (0, 1, 0, 0)})
+        q.set_view(FleetView(loads={"r0": free}, reported_at={"r0": 13.0}))  # a seat frees
+        await asyncio.sleep(0)
+        assert p1.done() and later.done()  # P1 to the seat, then the P2 by budget
         # A replica reporting no step fields (an older one) never takes held work by budget.
         q2 = IngressQueue(lambda: 0.0)
         old = ReplicaLoad(running=(0, 2, 0, 0), max_num_seqs=2)

@@ -18,12 +18,12 @@ per round: a fair share of the seats by request), first come first served within
   classes gave back since (a stream that had started, ended): a seat freed is used at once,
   not one report later.
 * **Held P2 and P3 also leave by step budget** (``WaitQueue.release_to_batch``): once the
-  seats are given out in class order, a held P2 (then P3) request is sent while some replica's
-  last report shows its next step with the budget and the KV blocks for its prompt
-  (``batch_room``), minus the prompt tokens this ingress sent since the reports. It then waits
-  in that replica's own queue, whose policy starts it as soon as a seat frees there -- after
-  the P1 requests the ingress sends to that seat first -- instead of waiting here for a seat
-  the ingress counts as kept; P1 is sent by seats only. The router picks the replica, as for
+  seats are given out in class order, and while no P1 request waits here, a held P2 (then P3)
+  request is sent while some replica's last report shows its next step with the budget and
+  the KV blocks for its prompt (``batch_room``), minus the prompt tokens this ingress sent
+  since the reports. It then waits in that replica's own queue, whose policy starts it as
+  soon as a seat frees there, instead of waiting here for a seat the ingress counts as kept;
+  P1 is sent by seats only. The router picks the replica, as for
   every request (the simulator sends it to the first ranked that could batch it).
 * **Bounded** by admission's queue limits: a request held here is one no replica has
   acknowledged, which the ingress's queue view counts as waiting (``RemoteEngine``), so a

@@ -16,9 +16,8 @@ the simulated fleet's (``sim/fleet_ingress.py``, virtual clock) both decide with
   step has the budget and the KV blocks for one takes it into its own queue even when every
   seat is held or kept for the more urgent classes, so its policy can start it the moment a
   seat frees (and batch its prefill with the decodes) instead of it waiting here for a seat
-  the ingress counts. P1 is sent by seats only, before them: the more urgent classes keep
-  their order, and a replica's policy runs its queued P1 before P2 (hybrid: once urgent) and
-  P3 only when nothing else waits.
+  the ingress counts. P1 is sent by seats only, and while a P1 request waits here nothing
+  leaves by budget: the more urgent classes keep their order.
 """
 
 from __future__ import annotations
@@ -167,8 +166,11 @@ class WaitQueue(Generic[T]):
         """Send waiting P2, then P3, items while the fleet's next steps could batch them:
         `room(priority, prompt_tokens)` is ``batch_room`` (asked again after each send),
         `cost(item)` an item's prompt tokens. A class's next item that does not fit holds the
-        rest of it and every less urgent class (P2 before P3). Returns how many were sent."""
+        rest of it and every less urgent class (P2 before P3); a waiting P1 holds them all
+        (P1 leaves by seats, first). Returns how many were sent."""
         n = 0
+        if self._queues[Priority.P1]:  # P1 keeps its priority: nothing jumps a waiting P1
+            return n
         for c in BATCH_CLASSES:
             while self._queues[c]:
                 need = max(1, cost(self.peek(c)))

@@ -26,7 +26,13 @@ from tierserve.engine.load import measure_load
 from tierserve.priority import Priority
 from tierserve.request import Request
 from tierserve.routing import ReplicaStats, Router, RouteRequest, replica_stats
-from tierserve.routing.late_binding import WaitQueue, batch_room, class_room, could_batch
+from tierserve.routing.late_binding import (
+    BATCH_CLASSES,
+    WaitQueue,
+    batch_room,
+    class_room,
+    could_batch,
+)
 from tierserve.sim.driver import DriveResult, EngineFeed, SlaClients, first_arrivals, resend
 from tierserve.sim.events import EventKind, EventQueue
 from tierserve.sim.executor import SimExecutor
@@ -167,6 +173,8 @@ class FleetDriver:
             if not self.held.may_go_now(req.priority, room):
                 self.view.hold(Held(req, attempt, decision))
                 self.result.held_max = max(self.result.held_max, self.held.depth())
+                if req.priority in BATCH_CLASSES:
+                    self.release(t)  # a replica may batch it now (as IngressQueue.wait_turn)
                 return
         self.dispatch(req, t, attempt, decision)
 
