@@ -103,7 +103,6 @@ class FleetOptions:
     rate_profile: tuple[tuple[float, float], ...] = ()  # open loop: (from time, rate factor)
     max_retries: int = 0
     sla: SlaClients | None = None
-    batch_release: bool = True  # with the queue: held P2/P3 also leave by step budget
 
 
 class FleetDriver:
@@ -223,7 +222,8 @@ class FleetDriver:
         self._refused(retry, req, attempt)
 
     def release(self, t: float) -> None:
-        """Send held requests while their class has room (routing/late_binding.py)."""
+        """Send held requests while their class has room, then held P2/P3 while a replica
+        could batch them (routing/late_binding.py)."""
         if not self.held.depth():
             return
 
@@ -231,9 +231,8 @@ class FleetDriver:
             self.view.released(h)
             self.dispatch(h.req, t, h.attempt, h.decision, by_batch=self.room(c) <= 0)
 
-        self.held.release(self.room, send)
-        if self.opt.batch_release:
-            self.held.release_to_batch(self.batch_room, lambda h: h.req.num_prompt_tokens, send)
+        self.held.release(self.room, send)  # by seats, then held P2/P3 by step budget
+        self.held.release_to_batch(self.batch_room, lambda h: h.req.num_prompt_tokens, send)
 
     def batch_room(self, priority: Priority, prompt_tokens: int) -> int:
         return batch_room((r.seats() for r in self.routable()), priority, prompt_tokens)
