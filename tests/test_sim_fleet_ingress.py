@@ -85,11 +85,14 @@ BUSY = [
     (0.0, P3, 64, 4),
     (0.0, P1, 64, 4),
 ]
+# The same with P2 and P3 prompts longer than a step's budget: no replica could batch them
+# (tests/test_fleet_ingress_batch.py has BUSY's), so they wait here for a seat.
+BUSY_UNBATCHABLE = [(g, p, 1100 if p in (P2, P3) else n, m) for g, p, n, m in BUSY]
 
 
 def test_the_ingress_queue_holds_requests_and_sends_them_late_in_class_order():
     on = FleetConfig(SMALL, 1, ingress_queue=True)
-    _, result = run_script(on, BUSY)
+    _, result = run_script(on, BUSY_UNBATCHABLE)
     order = [r.request_id for r in result.records]
     assert result.held_max == 3  # all three waited at the ingress
     assert order == ["s1", "s2", "s5", "s3", "s4"]  # sent P1, P2, P3 as seats freed
@@ -98,7 +101,7 @@ def test_the_ingress_queue_holds_requests_and_sends_them_late_in_class_order():
     assert late["s5"].first_token > short.finish  # bound only once the short stream ended
     assert all(r.outcome == "completed" for r in result.records)
     # Without the queue each is bound to the replica as it arrives, in arrival order.
-    _, plain = run_script(FleetConfig(SMALL, 1), BUSY)
+    _, plain = run_script(FleetConfig(SMALL, 1), BUSY_UNBATCHABLE)
     assert [r.request_id for r in plain.records] == ["s1", "s2", "s3", "s4", "s5"]
     assert plain.held_max == 0
 

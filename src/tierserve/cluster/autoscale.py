@@ -6,12 +6,18 @@ wait ratio and SLA attainment (``signals.py``). Ray Serve averages each metric p
 this module's ``ClassAutoscalingPolicy``) with them. The decision, ``desired_replicas``, is a
 pure function:
 
-* **out** by ``step`` when any replica has P0 at risk: its wait ratio at or above
-  ``p0_wait_ratio`` (waiting for a first token longer than that fraction of the P0 SLA) or its
-  attainment below ``p0_min_attainment``;
+* **out** when any replica has P0 at risk: its wait ratio at or above ``p0_wait_ratio``
+  (waiting for a first token longer than that fraction of the P0 SLA) or its attainment below
+  ``p0_min_attainment``;
 * otherwise **out** when P1 is at risk the same way (``p1_*`` thresholds) on *most* replicas
   (more than half): P1 is routed to the least-queued replica, so one hot replica is the
   router's job, not the autoscaler's;
+* **how many out**: by the size of the class's backlog, not one at a time. One replica drains
+  the class at its *served rate* (first tokens per second, ``signals.py``; the mean over the
+  replicas that served any); the fleet asks for as many replicas beyond those serving as it
+  takes to drain the waiting requests within ``drain_s`` at that rate -- replicas already
+  starting count -- and never fewer than ``step`` more. Without a served rate (nothing got a
+  first token in the window), ``step``;
 * **in** by one when every replica is quiet: P0 and P1 wait ratios below ``quiet_ratio`` and no
   P0 or P1 request waiting;
 * otherwise stay.
@@ -23,6 +29,7 @@ is given duck-typed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,10 +42,11 @@ class ScaleConfig:
     p1_wait_ratio: float = 0.8
     p1_min_attainment: float = 0.90
     quiet_ratio: float = 0.1
-    step: int = 1
+    step: int = 1  # the fewest replicas a scale-out adds
+    drain_s: float = 5.0  # a scale-out sizes the fleet to drain the backlog within this
 
     def __post_init__(self) -> None:
-        for name in ("p0_wait_ratio", "p1_wait_ratio", "quiet_ratio"):
+        for name in ("p0_wait_ratio", "p1_wait_ratio", "quiet_ratio", "drain_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("p0_min_attainment", "p1_min_attainment"):
@@ -52,6 +60,18 @@ def _at_risk(m: Mapping[str, float], k: str, ratio: float, attainment: float) ->
     return m.get(f"{k}_wait_ratio", 0.0) >= ratio or m.get(f"{k}_sla_attainment", 1.0) < attainment
 
 
+def scale_out_by(ms: list[Mapping[str, float]], k: str, current: int, cfg: ScaleConfig) -> int:
+    """Replicas to add for class `k` at risk (see the module docstring): enough that the
+    replicas serving (`ms`) and the new ones drain its backlog within ``drain_s``."""
+    backlog = sum(m.get(f"{k}_waiting", 0.0) for m in ms)
+    rates = [r for m in ms if (r := m.get(f"{k}_served_per_s", 0.0)) > 0]
+    if backlog <= 0 or not rates:
+        return cfg.step
+    per_replica = sum(rates) / len(rates)
+    extra = math.ceil(backlog / (per_replica * cfg.drain_s))
+    return max(cfg.step, len(ms) + extra - current)
+
+
 def desired_replicas(
     per_replica: Mapping[str, Mapping[str, float]], current: int, cfg: ScaleConfig
 ) -> tuple[int, str]:
@@ -60,10 +80,10 @@ def desired_replicas(
         return current, "no-metrics"
     ms = list(per_replica.values())
     if any(_at_risk(m, "p0", cfg.p0_wait_ratio, cfg.p0_min_attainment) for m in ms):
-        return current + cfg.step, "p0-at-risk"
+        return current + scale_out_by(ms, "p0", current, cfg), "p0-at-risk"
     p1 = sum(_at_risk(m, "p1", cfg.p1_wait_ratio, cfg.p1_min_attainment) for m in ms)
     if 2 * p1 > len(ms):
-        return current + cfg.step, "p1-at-risk"
+        return current + scale_out_by(ms, "p1", current, cfg), "p1-at-risk"
     quiet = all(
         m.get(f"{k}_wait_ratio", 0.0) < cfg.quiet_ratio and m.get(f"{k}_waiting", 0.0) == 0
         for m in ms

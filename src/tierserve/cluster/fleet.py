@@ -40,9 +40,17 @@ class ReplicaLoad:
     # The TTFT predictor's inputs (engine/load.py), for the ingress's fleet SLA admission;
     # None unless the replica publishes them (--sla-admission on). Travels pickled, as is.
     ttft: Load | None = None
+    # What its next step could still take in (routing/late_binding.py's StepLoad: the ingress
+    # queue sends held P2/P3 by it): the step's token budget, prompt tokens its running
+    # requests still prefill, KV blocks each class could be charged now, the block size.
+    max_step_tokens: int = 0
+    prefill_tokens: tuple[int, ...] = _Z
+    headroom: tuple[int, ...] = _Z
+    block_size: int = 1
 
     @classmethod
     def of(cls, snap: EngineSnapshot, with_ttft: bool = False) -> ReplicaLoad:
+        s = snap.scheduler
         return cls(
             running=snap.running,
             waiting=snap.waiting,
@@ -51,6 +59,10 @@ class ReplicaLoad:
             served_tokens=tuple(t for _, t in snap.served),
             max_num_seqs=snap.max_num_seqs,
             ttft=snap.load if with_ttft else None,
+            max_step_tokens=s.max_num_batched_tokens,
+            prefill_tokens=s.prefill_now,
+            headroom=s.headroom,
+            block_size=s.block_size,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,6 +17,14 @@ per round: a fair share of the seats by request), first come first served within
   of those classes after (about) each replica's report, plus the seats its own streams of those
   classes gave back since (a stream that had started, ended): a seat freed is used at once,
   not one report later.
+* **Held P2 and P3 also leave by step budget** (``WaitQueue.release_to_batch``): once the
+  seats are given out in class order, and while no P1 request waits here, a held P2 (then P3)
+  request is sent while some replica's last report shows its next step with the budget and
+  the KV blocks for its prompt (``batch_room``), minus the prompt tokens this ingress sent
+  since the reports. It then waits in that replica's own queue, whose policy starts it as
+  soon as a seat frees there, instead of waiting here for a seat the ingress counts as kept;
+  P1 is sent by seats only. The router picks the replica, as for
+  every request (the simulator sends it to the first ranked that could batch it).
 * **Bounded** by admission's queue limits: a request held here is one no replica has
   acknowledged, which the ingress's queue view counts as waiting (``RemoteEngine``), so a
   full class is refused with 503 and Retry-After before it gets here.
@@ -38,7 +46,7 @@ from dataclasses import dataclass, field
 
 from tierserve.cluster.fleet import FleetView
 from tierserve.priority import NUM_PRIORITIES, Priority
-from tierserve.routing.late_binding import WaitQueue, class_room
+from tierserve.routing.late_binding import BATCH_CLASSES, WaitQueue, batch_room, class_room
 
 # A replica's report shows its engine up to a snapshot period before it was sent (as
 # remote_engine.ACK_MARGIN_S): a request sent that little before a report counts as not in it.
@@ -49,6 +57,7 @@ SENT_MARGIN_S = 0.1
 class _Entry:
     tenant: str
     turn: asyncio.Future = field(repr=False)
+    prompt_tokens: int = 0
 
 
 class IngressQueue:
@@ -60,6 +69,7 @@ class IngressQueue:
         # (the recent ones: the reports do not show them yet).
         self._sent: list[deque[float]] = [deque() for _ in range(NUM_PRIORITIES)]
         self._freed: list[deque[float]] = [deque() for _ in range(NUM_PRIORITIES)]
+        self._sent_tokens: deque[tuple[float, int]] = deque()  # (when, prompt tokens) sent
 
     # -- state --------------------------------------------------------------------------------
     def depth(self, priority: Priority | None = None) -> int:
@@ -71,13 +81,27 @@ class IngressQueue:
         ``class_room`` of the board's view (the seats not held or claimed by its class or a
         more urgent one), minus what this ingress sent of those classes after (about) each
         report, plus the seats its own streams of those classes gave back since."""
-        v, c = self.view, int(priority) + 1
-        since = min(v.reported_at.values(), default=-math.inf) - SENT_MARGIN_S
-        for times in (*self._sent, *self._freed):  # what every report already shows
+        self._forget_reported()
+        c = int(priority) + 1
+        seats = class_room(self.view.loads.values(), priority)
+        return seats - sum(map(len, self._sent[:c])) + sum(map(len, self._freed[:c]))
+
+    def batch_room(self, priority: Priority, prompt_tokens: int) -> int:
+        """Prompt tokens of `priority` the replicas' next steps could take in, as far as this
+        ingress can tell: ``batch_room`` of the board's view, minus the prompt tokens this
+        ingress sent after (about) each report."""
+        self._forget_reported()
+        sent = sum(n for _, n in self._sent_tokens)
+        return batch_room(self.view.loads.values(), priority, prompt_tokens) - sent
+
+    def _forget_reported(self) -> None:
+        """Drop the sends and stream ends every report already shows."""
+        since = min(self.view.reported_at.values(), default=-math.inf) - SENT_MARGIN_S
+        for times in (*self._sent, *self._freed):
             while times and times[0] < since:
                 times.popleft()
-        seats = class_room(v.loads.values(), priority)
-        return seats - sum(map(len, self._sent[:c])) + sum(map(len, self._freed[:c]))
+        while self._sent_tokens and self._sent_tokens[0][0] < since:
+            self._sent_tokens.popleft()
 
     def free_seats(self) -> int:
         """Seats no one holds or waits for (the room of the least urgent class)."""
@@ -94,16 +118,19 @@ class IngressQueue:
             self._freed[priority].append(self._now())
             self._dispatch()
 
-    async def wait_turn(self, priority: Priority, tenant: str) -> None:
-        """Return when a request of `priority` from `tenant` may be sent (at once for P0, or
-        with room for its class and no one of its class or a more urgent one waiting before
-        it). Cancelled while waiting: its entry is gone."""
+    async def wait_turn(self, priority: Priority, tenant: str, prompt_tokens: int = 0) -> None:
+        """Return when a request of `priority` from `tenant` with a prompt of `prompt_tokens`
+        may be sent (at once for P0; with room for its class and no one of its class or a
+        more urgent one waiting before it; or, P2 and P3, when a replica could batch it).
+        Cancelled while waiting: its entry is gone."""
         room = 1 if priority == Priority.P0 else self.room(priority)
         if self._waiting.may_go_now(priority, room):
-            self._sent[priority].append(self._now())
+            self._note_sent(priority, prompt_tokens)
             return
-        entry = _Entry(tenant, asyncio.get_running_loop().create_future())
+        entry = _Entry(tenant, asyncio.get_running_loop().create_future(), prompt_tokens)
         self._waiting.push(priority, tenant, entry)
+        if priority in BATCH_CLASSES:
+            self._dispatch()  # a replica may batch it now
         try:
             await entry.turn
         except asyncio.CancelledError:  # the client left while it waited: out of the queue
@@ -113,11 +140,18 @@ class IngressQueue:
             raise
 
     # -- internals -----------------------------------------------------------------------------
+    def _note_sent(self, c: Priority, prompt_tokens: int) -> None:
+        now = self._now()
+        self._sent[c].append(now)
+        self._sent_tokens.append((now, prompt_tokens))
+
     def _send(self, c: Priority, entry: _Entry) -> None:
         if not entry.turn.done():  # (one cancelled in this loop turn is skipped)
-            self._sent[c].append(self._now())
+            self._note_sent(c, entry.prompt_tokens)
             entry.turn.set_result(None)
 
     def _dispatch(self) -> None:
-        """Send waiting requests in class order while their class has room."""
+        """Send waiting requests in class order while their class has room; then held P2
+        and P3 while a replica could batch them."""
         self._waiting.release(self.room, self._send)
+        self._waiting.release_to_batch(self.batch_room, lambda e: e.prompt_tokens, self._send)

@@ -241,7 +241,8 @@ class RemoteEngine:
         avoid: list[str] = []
         if self.queue is not None:  # late binding: sent once a seat is free (a client that
             # leaves meanwhile cancels this task, which takes its entry out of the queue)
-            await self.queue.wait_turn(stream.request.priority, stream.request.tenant)
+            req = stream.request
+            await self.queue.wait_turn(req.priority, req.tenant, req.num_prompt_tokens)
         try:
             for attempt in range(self.max_retries + 1):
                 err = await self._attempt(stream, avoid)

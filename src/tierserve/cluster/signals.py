@@ -11,7 +11,9 @@ P95 TTFT and its oldest waiter's age, over its SLA; its *attainment* is the frac
 window's verdicts that met the SLA (1.0 with none). A verdict is a first token (met if within
 the SLA), or a request that ended without one after its SLA had passed (ended early by the SLA
 re-check, failed, or its client gave up): a miss. A request that ends without a token before its
-SLA passed gives no verdict.
+SLA passed gives no verdict. A class's *served rate* is its first tokens per second over the
+window (over the replica's life while that is shorter, at least 1 s): what the replica drains
+of that class's queue, which the autoscaler sizes a scale-out by (autoscale.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class ClassSignals:
     attainment: tuple[float, ...]  # verdicts that met the SLA / verdicts, 1.0 without any
     samples: tuple[int, ...]  # verdicts in the window
     waiting: tuple[int, ...]  # requests still without a first token
+    served_per_s: tuple[float, ...] = (0.0,) * NUM_PRIORITIES  # first tokens per second
 
     def autoscaling_metrics(self) -> dict[str, float]:
         """Flat floats for Ray Serve's ``record_autoscaling_stats``."""
@@ -46,6 +49,7 @@ class ClassSignals:
             out[f"{k}_wait_ratio"] = float(self.wait_ratio[p])
             out[f"{k}_sla_attainment"] = float(self.attainment[p])
             out[f"{k}_waiting"] = float(self.waiting[p])
+            out[f"{k}_served_per_s"] = float(self.served_per_s[p])
         return out
 
 
@@ -57,13 +61,18 @@ class ClassWindow:
         self.window_s = window_s
         self._ttfts: list[deque[tuple[float, float]]] = [deque() for _ in range(NUM_PRIORITIES)]
         self._pending: dict[str, tuple[Priority, float]] = {}  # no first token yet
+        self._served: list[deque[float]] = [deque() for _ in range(NUM_PRIORITIES)]  # when
+        self._since: float | None = None  # the first request's arrival: the window's start
 
     def on_added(self, request_id: str, priority: Priority, arrival: float) -> None:
         self._pending[request_id] = (priority, arrival)
+        if self._since is None:
+            self._since = arrival
 
     def on_first_token(self, request_id: str, priority: Priority, ttft: float, now: float) -> None:
         self._pending.pop(request_id, None)
         self._ttfts[priority].append((now, ttft))
+        self._served[priority].append(now)
 
     def on_finished(self, request_id: str, now: float) -> None:
         pending = self._pending.pop(request_id, None)
@@ -80,8 +89,13 @@ class ClassWindow:
         for p, arrival in self._pending.values():
             waiting[p] += 1
             oldest[p] = max(oldest[p], now - arrival)
-        ratio, attain, n = [], [], []
+        ratio, attain, n, rate = [], [], [], []
+        span = max(1.0, min(self.window_s, now - (now if self._since is None else self._since)))
         for p in Priority:
+            served = self._served[p]
+            while served and now - served[0] > self.window_s:
+                served.popleft()
+            rate.append(len(served) / span)
             q = self._ttfts[p]
             while q and now - q[0][0] > self.window_s:
                 q.popleft()
@@ -92,4 +106,4 @@ class ClassWindow:
             met = sum(1 for t in ttfts if sla is None or t <= sla)
             attain.append(met / len(ttfts) if ttfts else 1.0)
             n.append(len(ttfts))
-        return ClassSignals(tuple(ratio), tuple(attain), tuple(n), tuple(waiting))
+        return ClassSignals(tuple(ratio), tuple(attain), tuple(n), tuple(waiting), tuple(rate))

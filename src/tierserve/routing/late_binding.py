@@ -5,10 +5,19 @@ the simulated fleet's (``sim/fleet_ingress.py``, virtual clock) both decide with
 * ``class_room``: requests of a class the fleet could start now -- on each replica, the seats
   not held or claimed (running or waiting) by that class or a more urgent one. A seat held by a
   less urgent class counts: the engine preempts it for the more urgent request.
+* ``batch_room``: prompt tokens of a class the fleet's next steps could still take in -- on
+  each replica with the step budget its running and waiting requests leave
+  (``free_step_tokens``) and the KV blocks free for the class (``headroom``) for the prompt.
 * ``WaitQueue``: the waiting requests, by class (P1 before P2 before P3), and within a class by
   tenant in turn (each backlogged tenant one request per round), first come first served within
   a tenant. P0 never waits (``may_go_now``): its replica starts it at once, preempting if it
-  must, so holding it could only delay it.
+  must, so holding it could only delay it. ``release`` sends by seats, in class order;
+  ``release_to_batch`` then sends held P2 and P3 requests by step budget: a replica whose next
+  step has the budget and the KV blocks for one takes it into its own queue even when every
+  seat is held or kept for the more urgent classes, so its policy can start it the moment a
+  seat frees (and batch its prefill with the decodes) instead of it waiting here for a seat
+  the ingress counts. P1 is sent by seats only, and while a P1 request waits here nothing
+  leaves by budget: the more urgent classes keep their order.
 """
 
 from __future__ import annotations
@@ -28,6 +37,45 @@ class SeatLoad(Protocol):
     running: tuple[int, ...]
     waiting: tuple[int, ...]
     max_num_seqs: int
+
+
+class StepLoad(Protocol):
+    """What a replica's next step could still take in (``ReplicaStats`` and
+    ``cluster.fleet.ReplicaLoad`` have these fields)."""
+
+    max_step_tokens: int
+    running: tuple[int, ...]
+    prefill_tokens: tuple[int, ...]
+    waiting_tokens: tuple[int, ...]
+    headroom: tuple[int, ...]
+    block_size: int
+
+
+def free_step_tokens(s: StepLoad) -> int:
+    """Tokens the replica's next step has left once its running requests decode (one each),
+    their prompts' rest is prefilled and its waiting requests' prompts are taken in."""
+    return s.max_step_tokens - sum(s.running) - sum(s.prefill_tokens) - sum(s.waiting_tokens)
+
+
+def could_batch(s: StepLoad, priority: Priority, prompt_tokens: int) -> bool:
+    """Whether the replica's next step has the budget for a class-`priority` prompt of
+    `prompt_tokens`, and its KV cache the blocks for it without preempting anyone."""
+    return batch_room([s], priority, prompt_tokens) >= prompt_tokens
+
+
+BATCH_CLASSES = (Priority.P2, Priority.P3)  # sent by step budget as well as by seats
+
+
+def batch_room(loads: Iterable[StepLoad], priority: Priority, prompt_tokens: int = 1) -> int:
+    """Prompt tokens of class `priority` the replicas in `loads` could batch in their next
+    steps: the free step budget of each replica that could take a `prompt_tokens` prompt of
+    that class whole (the budget for it, and the KV blocks without preempting anyone)."""
+    free = ((free_step_tokens(s), s) for s in loads)
+    return sum(
+        f
+        for f, s in free
+        if f >= prompt_tokens and s.headroom[priority] >= -(-prompt_tokens // s.block_size)
+    )
 
 
 def class_room(loads: Iterable[SeatLoad], priority: Priority) -> int:
@@ -80,6 +128,10 @@ class WaitQueue(Generic[T]):
             self._turns[priority].remove(tenant)
         return True
 
+    def peek(self, priority: Priority) -> T:
+        """Class `priority`'s next item (as ``pop`` would return it), left in place."""
+        return self._queues[priority][self._turns[priority][0]][0]
+
     def pop(self, priority: Priority) -> T:
         """Class `priority`'s next item: its next tenant in turn, that tenant's oldest."""
         turns, queues = self._turns[priority], self._queues[priority]
@@ -100,6 +152,29 @@ class WaitQueue(Generic[T]):
         for c in map(Priority, range(1, NUM_PRIORITIES)):
             while self._queues[c]:
                 if room(c) <= 0:
+                    return n
+                send(c, self.pop(c))
+                n += 1
+        return n
+
+    def release_to_batch(
+        self,
+        room: Callable[[Priority, int], int],
+        cost: Callable[[T], int],
+        send: Callable[[Priority, T], None],
+    ) -> int:
+        """Send waiting P2, then P3, items while the fleet's next steps could batch them:
+        `room(priority, prompt_tokens)` is ``batch_room`` (asked again after each send),
+        `cost(item)` an item's prompt tokens. A class's next item that does not fit holds the
+        rest of it and every less urgent class (P2 before P3); a waiting P1 holds them all
+        (P1 leaves by seats, first). Returns how many were sent."""
+        n = 0
+        if self._queues[Priority.P1]:  # P1 keeps its priority: nothing jumps a waiting P1
+            return n
+        for c in BATCH_CLASSES:
+            while self._queues[c]:
+                need = max(1, cost(self.peek(c)))
+                if room(c, need) < need:
                     return n
                 send(c, self.pop(c))
                 n += 1

@@ -26,7 +26,13 @@ from tierserve.engine.load import measure_load
 from tierserve.priority import Priority
 from tierserve.request import Request
 from tierserve.routing import ReplicaStats, Router, RouteRequest, replica_stats
-from tierserve.routing.late_binding import WaitQueue, class_room
+from tierserve.routing.late_binding import (
+    BATCH_CLASSES,
+    WaitQueue,
+    batch_room,
+    class_room,
+    could_batch,
+)
 from tierserve.sim.driver import DriveResult, EngineFeed, SlaClients, first_arrivals, resend
 from tierserve.sim.events import EventKind, EventQueue
 from tierserve.sim.executor import SimExecutor
@@ -66,7 +72,16 @@ class Replica:
 
     def seats(self) -> ReplicaLoad:
         s = self.stats()
-        return ReplicaLoad(running=s.running, waiting=s.waiting, max_num_seqs=s.max_seats)
+        return ReplicaLoad(
+            running=s.running,
+            waiting=s.waiting,
+            waiting_tokens=s.waiting_tokens,
+            max_num_seqs=s.max_seats,
+            max_step_tokens=s.max_step_tokens,
+            prefill_tokens=s.prefill_tokens,
+            headroom=s.headroom,
+            block_size=s.block_size,
+        )
 
 
 @dataclass
@@ -157,6 +172,8 @@ class FleetDriver:
             if not self.held.may_go_now(req.priority, room):
                 self.view.hold(Held(req, attempt, decision))
                 self.result.held_max = max(self.result.held_max, self.held.depth())
+                if req.priority in BATCH_CLASSES:
+                    self.release(t)  # a replica may batch it now (as IngressQueue.wait_turn)
                 return
         self.dispatch(req, t, attempt, decision)
 
@@ -176,17 +193,24 @@ class FleetDriver:
     def room(self, priority: Priority) -> int:
         return class_room((r.seats() for r in self.routable()), priority)
 
-    def dispatch(self, req: Request, t: float, attempt: int, decision) -> None:
+    def dispatch(
+        self, req: Request, t: float, attempt: int, decision, by_batch: bool = False
+    ) -> None:
+        """Bind `req` to a replica: the router's first; with the ingress queue on, the first
+        ranked with a seat for its class (`by_batch`: that could batch its prompt now)."""
         reps = self.routable()
         ask = RouteRequest.of(req.prompt_token_ids, req.priority, self.block_size, req.cache_salt)
         ranked = self.router(ask, [r.stats() for r in reps])
         rid, reason = ranked[0]
         if self.opt.ingress_queue:  # late binding: the first ranked replica with room
-            by_id = {r.replica_id: r for r in reps}
-            rid, reason = next(
-                ((i, why) for i, why in ranked if class_room([by_id[i].seats()], req.priority)),
-                ranked[0],
-            )
+            by_id, p, n = {r.replica_id: r for r in reps}, req.priority, req.num_prompt_tokens
+
+            def fits(i: str) -> bool:
+                r = by_id[i]
+                load = r.seats()
+                return could_batch(load, p, n) if by_batch else class_room([load], p) > 0
+
+            rid, reason = next(((i, why) for i, why in ranked if fits(i)), ranked[0])
         self.result.decisions[reason] += 1
         self.result.routed[rid] += 1
         rep = next(r for r in reps if r.replica_id == rid)
@@ -198,15 +222,20 @@ class FleetDriver:
         self._refused(retry, req, attempt)
 
     def release(self, t: float) -> None:
-        """Send held requests while their class has room (routing/late_binding.py)."""
+        """Send held requests while their class has room, then held P2/P3 while a replica
+        could batch them (routing/late_binding.py)."""
         if not self.held.depth():
             return
 
-        def send(_c: Priority, h: Held) -> None:
+        def send(c: Priority, h: Held) -> None:
             self.view.released(h)
-            self.dispatch(h.req, t, h.attempt, h.decision)
+            self.dispatch(h.req, t, h.attempt, h.decision, by_batch=self.room(c) <= 0)
 
-        self.held.release(self.room, send)
+        self.held.release(self.room, send)  # by seats, then held P2/P3 by step budget
+        self.held.release_to_batch(self.batch_room, lambda h: h.req.num_prompt_tokens, send)
+
+    def batch_room(self, priority: Priority, prompt_tokens: int) -> int:
+        return batch_room((r.seats() for r in self.routable()), priority, prompt_tokens)
 
     # -- the autoscaler -------------------------------------------------------------------
     def tick(self, t: float) -> None:

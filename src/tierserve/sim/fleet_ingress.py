@@ -8,8 +8,8 @@ same code on a virtual clock.
   ``Load`` by ``measure_load`` (the code the single server and the replicas publish with),
   requests held at the ingress counted as waiting on every replica (a cluster ingress counts
   its unacknowledged requests so). Unlike the cluster's, the view is exact: no report lag.
-* **Late binding** is ``routing/late_binding.py``'s ``WaitQueue`` and ``class_room``, as the
-  cluster's ``IngressQueue`` uses them.
+* **Late binding** is ``routing/late_binding.py``'s ``WaitQueue``, ``class_room`` (by seats)
+  and ``batch_room`` (held P2/P3 by step budget), as the cluster's ``IngressQueue`` uses them.
 """
 
 from __future__ import annotations

@@ -110,6 +110,8 @@ def ingress_table(results: list[dict]) -> list[str]:
         load = f"{r['concurrency']} clients" if r["concurrency"] else f"{r['rate']:g}/s"
         if r["config"].get("rate_profile"):
             load += " x " + ", ".join(f"{f:g} from {t:g} s" for t, f in r["config"]["rate_profile"])
+        w = r["config"]["workload"]
+        load += f"; {w['duration_s']:g} s, measured from {w['warmup_s']:g} s"
         per = r["replica_seconds_per_on_time_p0_p1"]
         lines.append(
             f"| {name} | {load} | {_pct(c['P0']['sla_attainment'])} | "

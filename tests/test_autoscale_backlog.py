@@ -1,0 +1,78 @@
+"""The class autoscaler scales out by the size of the backlog (issue 24): a P1 backlog of N
+drain units (what one replica serves of P1 in ``drain_s``) asks for N replicas in one decision,
+the cluster's rule (``cluster/autoscale.py``) and the simulated fleet's alike."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.test_sim_fleet_ingress import FAST_SLAS
+from tierserve.cluster.autoscale import ScaleConfig, desired_replicas
+from tierserve.cluster.signals import ClassWindow
+from tierserve.priority import Priority
+from tierserve.sim.fleet import FleetConfig, run_fleet
+from tierserve.sim.fleet_scale import AutoscaleConfig
+
+
+def p1_late(waiting: float, served_per_s: float) -> dict[str, float]:
+    """A replica whose P1 requests wait past 0.8 x their SLA."""
+    return {"p1_wait_ratio": 1.2, "p1_waiting": waiting, "p1_served_per_s": served_per_s}
+
+
+def test_a_backlog_of_n_drain_units_asks_for_n_more_replicas_in_one_decision():
+    cfg = ScaleConfig(drain_s=5.0)
+    # Two replicas each serve 2 P1 requests a second: 10 in 5 s is one drain unit. 60 wait.
+    fleet = {"a": p1_late(30, 2.0), "b": p1_late(30, 2.0)}
+    assert desired_replicas(fleet, 2, cfg) == (8, "p1-at-risk")
+    # Replicas already starting count: 3 of the 6 are on their way.
+    assert desired_replicas(fleet, 5, cfg) == (8, "p1-at-risk")
+    # ... and once they all are, one more (still at risk): never fewer than `step`.
+    assert desired_replicas(fleet, 8, cfg) == (9, "p1-at-risk")
+    # A backlog under one drain unit: one more, as before.
+    assert desired_replicas({"a": p1_late(3, 2.0), "b": p1_late(2, 2.0)}, 2, cfg)[0] == 3
+    # Without a served rate (no first token in the window) the size is unknown: `step`.
+    assert desired_replicas({"a": p1_late(30, 0.0), "b": p1_late(30, 0.0)}, 2, cfg)[0] == 3
+    assert desired_replicas(fleet, 2, replace(cfg, step=7))[0] == 9
+
+
+def test_a_backlog_scale_out_keeps_the_rules_who_and_when():
+    cfg = ScaleConfig()
+    # One hot replica is still the router's job, however deep its backlog.
+    assert desired_replicas({"a": p1_late(500, 1.0), "b": {}}, 2, cfg) == (2, "steady")
+    # A P3 backlog alone never scales out.
+    p3 = {"p3_waiting": 500.0, "p3_served_per_s": 0.1, "p3_wait_ratio": 9.0}
+    assert desired_replicas({"a": p3, "b": p3}, 2, cfg)[0] <= 2
+    # Young P1 waiters (below 0.8 x the SLA) are not at risk, whatever their number.
+    young = {"p1_wait_ratio": 0.3, "p1_waiting": 500.0, "p1_served_per_s": 1.0}
+    assert desired_replicas({"a": young, "b": young}, 2, cfg) == (2, "steady")
+    # P0 at risk on one replica: sized by its P0 backlog.
+    p0 = {"p0_wait_ratio": 0.9, "p0_waiting": 20.0, "p0_served_per_s": 1.0}
+    assert desired_replicas({"a": p0, "b": {}}, 2, cfg) == (6, "p0-at-risk")
+    with pytest.raises(ValueError, match="drain_s"):
+        ScaleConfig(drain_s=0.0)
+
+
+def test_the_class_window_reports_first_tokens_per_second():
+    w = ClassWindow((0.5, 5.0, 60.0, None), window_s=10.0)
+    for i in range(8):
+        w.on_added(f"r{i}", Priority.P1, 0.0)
+    for i in range(6):  # first tokens at 0.5, 1.0, ... 3.0 s
+        w.on_first_token(f"r{i}", Priority.P1, 0.5 * (i + 1), 0.5 * (i + 1))
+    s = w.summary(4.0)  # a window 4 s old (its first request came at 0): 6 first tokens
+    assert s.served_per_s[1] == pytest.approx(6 / 4.0)
+    assert s.served_per_s[0] == 0.0 and s.waiting[1] == 2
+    assert s.autoscaling_metrics()["p1_served_per_s"] == pytest.approx(1.5)
+    assert w.summary(12.0).served_per_s[1] == pytest.approx(3 / 10.0)  # 3 left the window
+    assert w.summary(30.0).served_per_s[1] == 0.0
+
+
+def test_the_simulated_fleet_adds_several_replicas_at_once_under_a_deep_p1_backlog():
+    w = replace(FAST_SLAS.workload, mix=(0.0, 1.0, 0.0, 0.0), rate=120.0, duration_s=8.0)
+    auto = AutoscaleConfig(1, 8, start_s=1.0, upscale_delay_s=1.0, window_s=3.0)
+    r = run_fleet(FleetConfig(replace(FAST_SLAS, workload=w), 1, autoscale=auto))
+    ups = [d for d in r["scale_decisions"] if d["wanted"] > d["current"]]
+    assert ups and ups[0]["reason"] == "p1-at-risk"
+    assert ups[0]["wanted"] - ups[0]["current"] > 1  # one decision, several replicas
+    assert r["replicas_used"] >= 1 + ups[0]["wanted"] - ups[0]["current"]
