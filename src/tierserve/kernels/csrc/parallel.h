@@ -33,9 +33,10 @@ template <class F>
 void claim_for(int64_t begin, int64_t end, int64_t grain, const F& f, int64_t per_thread = 4) {
   const int64_t range = end - begin;
   if (range <= 0) return;
+  const int threads = kernel_threads();
   const int64_t by_grain = (range + std::max<int64_t>(1, grain) - 1) / std::max<int64_t>(1, grain);
-  const int64_t chunks = std::min<int64_t>(by_grain, kernel_threads() * per_thread);
-  if (chunks <= 1) {
+  const int64_t chunks = std::min<int64_t>(by_grain, threads * per_thread);
+  if (chunks <= 1 || threads <= 1) {  // one thread: one call over the whole range
     f(begin, end);
     return;
   }
