@@ -219,8 +219,8 @@ def test_a_p1_backlog_past_its_sla_scales_out_then_an_idle_fleet_scales_in(fleet
 # -- fleet-wide SLA admission at the ingress ------------------------------------------------------
 
 
-def post(c: httpx.Client, url: str, tier: str) -> httpx.Response:
-    body = {"model": MODEL, "prompt": "Say hi.", "max_tokens": 4}
+def post(c: httpx.Client, url: str, tier: str, prompt: str = "Say hi.") -> httpx.Response:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
     return c.post(f"{url}/v1/completions", json=body, headers={"x-request-tier": tier})
 
 
@@ -302,7 +302,9 @@ def routed(url: str, replica: str) -> float:
 def test_a_request_waits_at_the_ingress_and_goes_to_the_replica_that_frees_first(fleet):
     """Every seat busy: replica `slow` with long streams, `quick` with short ones. A P2 request
     at the ingress waits there (bound to no replica) and is sent once `quick` frees a seat,
-    so it is served there, not queued behind `slow`'s long streams."""
+    so it is served there, not queued behind `slow`'s long streams. Its prompt is longer than
+    a step's token budget (256): a P2 prompt that fits the budget of a replica's next step
+    leaves by budget instead (routing/late_binding.py; tests/test_fleet_ingress_batch.py)."""
     slow, quick = sorted(board_view()["replicas"])
     gens = [pinned(slow, Priority.P1, 2000) for _ in range(SEATS)]
     gens += [pinned(quick, Priority.P1, 48) for _ in range(SEATS)]
@@ -320,7 +322,8 @@ def test_a_request_waits_at_the_ingress_and_goes_to_the_replica_that_frees_first
         before = {r: routed(fleet, r) for r in (slow, quick)}
         t0 = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            job = pool.submit(lambda: post(httpx.Client(timeout=60), fleet, "p2"))
+            long_prompt = "Say hi. " * 150  # ~450 tokens: more than one step's budget
+            job = pool.submit(lambda: post(httpx.Client(timeout=60), fleet, "p2", long_prompt))
             wait_for("the request held at the ingress", lambda: held(fleet) == 1, timeout=5)
             r = job.result()
         took = time.monotonic() - t0
