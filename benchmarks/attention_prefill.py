@@ -11,22 +11,12 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import time
 
 import torch
 import torch.nn.functional as F
+from qgemm_products import median_ms  # a sibling script: python benchmarks/attention_prefill.py
 
 from tierserve import kernels
-
-
-def median_ms(fn, reps: int = 20) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return sorted(ts)[reps // 2] * 1e3
 
 
 def main() -> None:
@@ -51,12 +41,12 @@ def one(ext, rows: int, heads: int = 9, kv_heads: int = 3, dim: int = 64, bs: in
     tables = torch.arange(nb, dtype=torch.int32)[None, :].contiguous()
     seg = torch.tensor([[0, rows, 0, 1]], dtype=torch.int32)
     out = torch.empty(rows, heads, dim)
-    ours = median_ms(lambda: ext.paged_attention_into(q, kc, vc, tables, seg, dim**-0.5, out))
+    ours = median_ms(lambda: ext.paged_attention_into(q, kc, vc, tables, seg, dim**-0.5, out), 20)
     group = heads // kv_heads
     k = kc.reshape(kv_heads, nb * bs, dim)[:, :rows].repeat_interleave(group, 0)[None]
     v = vc.reshape(kv_heads, nb * bs, dim)[:, :rows].repeat_interleave(group, 0)[None]
     qq = q.transpose(0, 1)[None]
-    sdpa = median_ms(lambda: F.scaled_dot_product_attention(qq, k, v, is_causal=True))
+    sdpa = median_ms(lambda: F.scaled_dot_product_attention(qq, k, v, is_causal=True), 20)
     ref = F.scaled_dot_product_attention(qq, k, v, is_causal=True)[0].transpose(0, 1)
     return ours, sdpa, (ref - out).abs().max().item()
 
