@@ -300,14 +300,20 @@ def routed(url: str, replica: str) -> float:
 
 
 def test_a_request_waits_at_the_ingress_and_goes_to_the_replica_that_frees_first(fleet):
-    """Every seat busy: replica `slow` with long streams, `quick` with short ones. A P2 request
-    at the ingress waits there (bound to no replica) and is sent once `quick` frees a seat,
-    so it is served there, not queued behind `slow`'s long streams. Its prompt is longer than
-    a step's token budget (256): a P2 prompt that fits the budget of a replica's next step
-    leaves by budget instead (routing/late_binding.py; tests/test_fleet_ingress_batch.py)."""
+    """Every seat busy with long P1 streams. A P3 request at the ingress waits there (bound to
+    no replica); once it waits, `quick`'s streams end, and the request is sent there, not
+    queued behind `slow`'s streams.
+
+    The streams are cancelled rather than left to end by length: short ones ended before the
+    request arrived on a fast CI machine. The request is P3 because P3 has no TTFT SLA here,
+    so SLA admission cannot refuse it behind long streams, as it refuses a P2 one. Its prompt
+    is longer than a step's token budget (256). A prompt that fits the budget of a replica's
+    next step leaves by budget instead (routing/late_binding.py;
+    tests/test_fleet_ingress_batch.py)."""
     slow, quick = sorted(board_view()["replicas"])
-    gens = [pinned(slow, Priority.P1, 2000) for _ in range(SEATS)]
-    gens += [pinned(quick, Priority.P1, 48) for _ in range(SEATS)]
+    slow_gens = [pinned(slow, Priority.P1, 2000) for _ in range(SEATS)]
+    quick_gens = [pinned(quick, Priority.P1, 2000) for _ in range(SEATS)]
+    gens = slow_gens + quick_gens
     try:
         for g in gens:
             started(g)
@@ -323,8 +329,12 @@ def test_a_request_waits_at_the_ingress_and_goes_to_the_replica_that_frees_first
         t0 = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             long_prompt = "Say hi. " * 150  # ~450 tokens: more than one step's budget
-            job = pool.submit(lambda: post(httpx.Client(timeout=60), fleet, "p2", long_prompt))
+            job = pool.submit(lambda: post(httpx.Client(timeout=60), fleet, "p3", long_prompt))
             wait_for("the request held at the ingress", lambda: held(fleet) == 1, timeout=5)
+            time.sleep(1.0)  # still held: no seat is free and the prompt exceeds a step's budget
+            assert held(fleet) == 1
+            for g in quick_gens:
+                g.cancel()
             r = job.result()
         took = time.monotonic() - t0
         assert held(fleet) == 0
