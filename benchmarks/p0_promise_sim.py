@@ -23,6 +23,7 @@ import argparse
 
 from tierserve.config import LRU_RETENTION, CacheConfig
 from tierserve.sim.promise import (
+    DEFAULT_FRACTION,
     LONE,
     bench_throughput,
     on_time,
@@ -52,7 +53,7 @@ def item1() -> None:
 def item2() -> None:
     print("## item 2: P0 TTFT behind one long request (target P95 <= 0.5 s)")
     for name, kind, n in LONG:
-        for rule, fraction in (("tokens", None), ("time", 0.4)):
+        for rule, fraction in (("tokens", None), ("time", DEFAULT_FRACTION)):
             ttft, steps = [], []
             for seed in range(5):  # five runs, probes at other random times
                 t, s = probe_behind(kind, n, fraction, seed)

@@ -6,6 +6,7 @@
 #
 #   benchmarks/serve_vs_peers.sh                      # everything, ~60-70 min on 2 cores
 #   PARTS="throughput" SYSTEMS="ts-auto llama-q4_1" benchmarks/serve_vs_peers.sh
+#   TS_ARGS="--step-time-fraction 0.3" PARTS=throughput SYSTEMS=ts-auto benchmarks/serve_vs_peers.sh
 #
 # 1. throughput: `vllm bench serve` (random dataset, 128 input / 64 output tokens, --ignore-eos,
 #    chat endpoint, 12 / 32 / 3xC prompts) at every concurrency against each system of SYSTEMS:
@@ -26,6 +27,7 @@ CONCURRENCY=${CONCURRENCY:-1 8 32}
 PARTS=${PARTS:-throughput flood cotenant}
 SYSTEMS=${SYSTEMS:-ts-auto ts-q8_0 ts-none llama-q4_1 llama-q8_0 llama-f32 vllm}
 PORT=${PORT:-8011}
+TS_ARGS=${TS_ARGS:-}  # more `tierserve serve` flags for the ts-* systems (word-split)
 FLOOD_S=${FLOOD_S:-90}
 PROBE_S=${PROBE_S:-3}
 TS=$REPO/.venv/bin/tierserve
@@ -58,7 +60,7 @@ start() {  # system [extra args...]
   case $sys in
     ts-*)
       setsid "$TS" serve --port "$PORT" --served-model-name smollm2 --log-level warning \
-        --quantization "${sys#ts-}" "$@" >"$OUT/$sys.log" 2>&1 &
+        --quantization "${sys#ts-}" $TS_ARGS "$@" >"$OUT/$sys.log" 2>&1 &
       SERVER_PID=$!; wait_ready "http://127.0.0.1:$PORT/ready" 600 ;;
     llama-*)
       [ -x /tmp/llamacpp-peer/bin/llama-server ] || { echo "set up llama.cpp: $PEER/setup-llamacpp.sh" >&2; return 1; }

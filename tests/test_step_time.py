@@ -171,7 +171,7 @@ def test_a_machine_slower_than_the_bound_is_not_cut_into_more_steps():
     assert TimeBudget(fast, 0.2, 16).fit(512, 0, False) < 512
 
 
-def _calibrated_engine():
+def _calibrated_engine(**sched_overrides):
     from tests.helpers import make_request
     from tierserve.clock import ManualClock
     from tierserve.engine import EngineCore
@@ -179,7 +179,9 @@ def _calibrated_engine():
 
     clock = ManualClock()
     ex = CostClockExecutor(clock, 1456, 16)
-    sched = SchedulerConfig(max_num_batched_tokens=1024, max_model_len=8192, p0_express="exclusive")
+    sched = SchedulerConfig(
+        max_num_batched_tokens=1024, max_model_len=8192, p0_express="exclusive", **sched_overrides
+    )
     eng = EngineCore.build(ex, clock, CacheConfig(16, 1456), sched, PolicyConfig())
     eng.add_request(make_request(6000, P3, max_tokens=4))
     for _ in range(6):  # the long prompt is under way and the model calibrated
@@ -215,3 +217,35 @@ def test_p0_prompts_that_fit_the_step_together_share_it():
     eng.add_request(b)
     eng.step()
     assert a.num_output_tokens == 1 and b.num_output_tokens == 1
+
+
+def test_the_step_bound_tightens_while_a_p0_is_about():
+    """A long P3 prompt prefills in steps of about the plain bound (0.4 x 0.5 s); once a P0
+    arrives, of about the tighter one (0.3 x 0.5 s: a P0 arriving mid-step waits for the step
+    in flight, then prefills in its own), until `p0_recent_s` passes without one."""
+    eng, make_request = _calibrated_engine(p0_recent_s=2.0)
+    clock = eng.clock
+
+    def steps(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            t0 = clock.now()
+            eng.step()
+            out.append(clock.now() - t0)
+        return out
+
+    plain = steps(3)
+    assert eng.scheduler.step_bound_s == pytest.approx(0.2)
+    assert min(plain) > 0.17, plain  # the chunks fill the plain bound
+    p0 = make_request(24, P0, max_tokens=1)
+    eng.add_request(p0)
+    steps(1)  # its express step
+    assert p0.num_output_tokens == 1
+    about = steps(3)
+    assert eng.scheduler.step_bound_s == pytest.approx(0.15)
+    assert max(about) < 0.17, about
+    while clock.now() - eng.scheduler.calm.last_p0 <= 2.0:
+        steps(1)
+    after = steps(3)
+    assert eng.scheduler.step_bound_s == pytest.approx(0.2)
+    assert min(after) > 0.17, after

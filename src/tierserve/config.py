@@ -211,6 +211,10 @@ class SchedulerConfig:
     # P0's TTFT SLA (a P0 arriving meanwhile waits for it); None: sized by tokens only. Only
     # under a policy that serves P0 first (core/step_time.py).
     step_time_fraction: float | None = 0.4
+    # The same bound, tighter, while a P0 arrived within the last `p0_recent_s`: a P0 arriving
+    # mid-step waits for the step in flight and then prefills in its own (express) step, so the
+    # in-flight step's bound plus its own prompt must fit its SLA. None: no tighter bound.
+    p0_step_time_fraction: float | None = 0.3
     # Calm steps (core/calm.py): while a P0 arrived within the last `p0_recent_s`, P2/P3
     # decodes are paced so that a step's decodes fit `p0_calm_fraction` x P0's TTFT SLA
     # (None: off).
@@ -261,6 +265,11 @@ class SchedulerConfig:
         _check(
             f is None or (isinstance(f, int | float) and 0 < f <= 10),
             f"step_time_fraction must lie in (0, 10] (of P0's TTFT SLA) or be None, got {f!r}",
+        )
+        p = self.p0_step_time_fraction
+        _check(
+            p is None or (isinstance(p, int | float) and 0 < p <= 10),
+            f"p0_step_time_fraction must lie in (0, 10] (of P0's TTFT SLA) or be None, got {p!r}",
         )
         c = self.p0_calm_fraction
         _check(

@@ -272,6 +272,11 @@ OPTIONS: tuple[Option, ...] = (
         "tokens only (0.4)", to_field=_none_word
     ),
     Option(
+        "--p0-step-time-fraction", E + "p0_step_time_fraction", float_or_none, None,
+        "the same bound while a P0 arrived in the last 10 s (it waits for the step in flight, "
+        "then prefills in its own); none: no tighter bound (0.3)", to_field=_none_word
+    ),
+    Option(
         "--predictive", E + "predictive", str, "+",
         "uses of the output-length predictor: off (default) | all | any of order (shortest "
         "predicted first in a class, 5 s aging bound), reserve, ttft, routing (the cluster "

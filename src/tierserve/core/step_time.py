@@ -234,15 +234,19 @@ class TimeBudget:
         return m
 
 
-def step_bound(config: SchedulerConfig, policy: Policy) -> float | None:
+def step_bound(config: SchedulerConfig, policy: Policy, p0_recent: bool = False) -> float | None:
     """The longest a step may be predicted to take: ``step_time_fraction`` x P0's TTFT SLA,
     under a policy that serves a waiting P0 first (``p0_strict``): a P0 arriving while a step
-    runs waits for it, then gets its own. None (no bound) for a policy that makes P0 no such
-    promise, a P0 class without an SLA, or the fraction set to None."""
+    runs waits for it, then gets its own. While a P0 arrived recently (`p0_recent`), the
+    tighter ``p0_step_time_fraction`` where it is set. None (no bound) for a policy that makes
+    P0 no such promise, a P0 class without an SLA, or the fraction set to None."""
     sla = policy.priorities.sla(Priority.P0)
     if not policy.traits.p0_strict or sla is None or config.step_time_fraction is None:
         return None
-    return config.step_time_fraction * sla
+    fraction = config.step_time_fraction
+    if p0_recent and config.p0_step_time_fraction is not None:
+        fraction = min(fraction, config.p0_step_time_fraction)
+    return fraction * sla
 
 
 class ExpressShare:

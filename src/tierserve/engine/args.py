@@ -60,6 +60,8 @@ class EngineArgs:
     p0_express: str | None = None
     # A step's prefill ends within this fraction of P0's TTFT SLA (None: sized by tokens only).
     step_time_fraction: float | None = SchedulerConfig().step_time_fraction
+    # ... and the tighter one while P0 is about (None: none).
+    p0_step_time_fraction: float | None = SchedulerConfig().p0_step_time_fraction
     # Calm steps (core/calm.py): background decodes paced while P0 is about (None: off).
     p0_calm_fraction: float | None = SchedulerConfig().p0_calm_fraction
     # Prefix-cache retention by class (CacheConfig.prefix_retention; all 0: plain LRU).

@@ -158,6 +158,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             swap_cost_ratio=args.swap_cost_ratio,
             p0_express=resolved.p0_express,
             step_time_fraction=args.step_time_fraction,
+            p0_step_time_fraction=args.p0_step_time_fraction,
             p0_calm_fraction=args.p0_calm_fraction,
             predictive_order_s=PREDICTIVE_ORDER_S if "order" in args.predictive else 0.0,
             predictive_reserve="reserve" in args.predictive,

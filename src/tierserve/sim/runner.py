@@ -48,6 +48,7 @@ class SimConfig:
     p0_express: str = "decode"  # GPU: decode hides under compute-bound prefill
     # A step's prefill is sized to end within this fraction of P0's SLA (core/step_time.py).
     step_time_fraction: float | None = SchedulerConfig().step_time_fraction
+    p0_step_time_fraction: float | None = SchedulerConfig().p0_step_time_fraction
     p0_calm_fraction: float | None = SchedulerConfig().p0_calm_fraction  # core/calm.py
     num_kv_blocks: int | None = None
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
@@ -107,6 +108,7 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
             preemption_mode=cfg.preemption_mode,
             p0_express=cfg.p0_express,
             step_time_fraction=cfg.step_time_fraction,
+            p0_step_time_fraction=cfg.p0_step_time_fraction,
             p0_calm_fraction=cfg.p0_calm_fraction,
             predictive_order_s=cfg.predictive_order_s,
             predictive_reserve=cfg.predictive_reserve,
@@ -205,6 +207,7 @@ def run_simulation(
             "preemption_mode": cfg.preemption_mode,
             "p0_express": cfg.p0_express,
             "step_time_fraction": cfg.step_time_fraction,
+            "p0_step_time_fraction": cfg.p0_step_time_fraction,
             "predictive_order_s": cfg.predictive_order_s,
             "predictive_reserve": cfg.predictive_reserve,
             "predictive_ttft": cfg.predictive_ttft,
