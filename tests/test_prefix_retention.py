@@ -1,6 +1,7 @@
 """Issue 21 item 1: priority-aware prefix-cache retention. A background (P3) flood evicts its
-own cached blocks before a realtime (P0) prompt's cached prefix, within a bound (a pool's worth
-of allocations beyond LRU for P0), so a prefix nobody asks for any more still goes. Exact block
+own cached blocks before a realtime (P0) prompt's cached prefix, within a bound (four pools'
+worth of allocations beyond LRU for P0 by default), so a prefix nobody asks for any more still
+goes. Exact block
 ids on tiny pools, then the P0 hit rate under a flood that churns the cache (simulator)."""
 
 from dataclasses import replace
@@ -59,9 +60,9 @@ def test_with_no_retention_the_order_is_least_recently_freed():
 
 
 def test_the_protection_is_bounded_by_a_pool_of_later_allocations():
-    """P0's credit is one pool (12 blocks): its prefix outlives P3 blocks freed up to 12
-    allocations after it, not those freed later."""
-    kv = manager()
+    """With P0's credit at one pool (12 blocks; the default is four): its prefix outlives P3
+    blocks freed up to 12 allocations after it, not those freed later."""
+    kv = manager(retention=(1.0, 0.5, 0.25, 0.0))
     rt, _ = cached_and_freed(kv, P0, 100)  # key: 2 allocations so far + 12 = 14
     early, _ = cached_and_freed(kv, P3, 200)  # key 4: before the P0 prefix
     for i in range(5):  # 10 allocations, each freed at once, cached: keys up to 14

@@ -163,7 +163,9 @@ class CacheConfig:
     partitions: PartitionConfig = field(default_factory=PartitionConfig)
     # Per class P0..P3: pool sizes of later allocations a cached free block of that class
     # outlives beyond least-recently-freed order (core/kv/block_pool.py); all 0: plain LRU.
-    prefix_retention: tuple[float, ...] = (1.0, 0.5, 0.25, 0.0)
+    # Four pools for P0: one pool let a P3 flood on today's CPU engine evict a realtime system
+    # prompt asked for every 40 s (docs/kv-cache.md).
+    prefix_retention: tuple[float, ...] = (4.0, 2.0, 1.0, 0.0)
 
     def __post_init__(self) -> None:
         _per_class("prefix_retention", self.prefix_retention)

@@ -291,7 +291,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--prefix-retention", E + "prefix_retention", float, 4,
         "pools of later allocations a cached block of P0..P3 outlives beyond LRU; 0 0 0 0: "
-        "LRU (1 0.5 0.25 0)", to_field=tuple
+        "LRU (4 2 1 0)", to_field=tuple
     ),
     Option("--log-level", S + "log_level", str, None, "debug | info | warning (info)"),
     Option(

@@ -11,11 +11,11 @@ Free blocks, in the order they are reused (front first)::
   pool's own clock: a block is evicted when enough allocations came after it), ``keep`` is the
   most urgent class that held the block since it was filled (a P0 prefix hit on a block P3
   cached makes it P0's), and ``credit[c]`` is ``retention[c] x pool size`` blocks. With every
-  credit 0 this is least-recently-freed order (plain LRU). With the default (P0 one pool, P1
-  half, P2 a quarter, P3 none) a background flood evicts its own cached blocks first, and a
-  realtime prompt's cached prefix outlives a whole pool's worth of lower-class allocations
-  beyond LRU, then goes like any other: the protection is bounded, so a prefix nobody asks for
-  any more cannot hold the cache forever.
+  credit 0 this is least-recently-freed order (plain LRU). With the default (P0 four pools, P1
+  two, P2 one, P3 none) a background flood evicts its own cached blocks first, and a realtime
+  prompt's cached prefix outlives four pools' worth of lower-class allocations beyond LRU,
+  then goes like any other: the protection is bounded, so a prefix nobody asks for any more
+  cannot hold the cache forever.
 * At equal keys the block freed first goes first. Callers free a request's blocks tail first,
   so the tail of a finished request is evicted before its prefix (prefixes are what other
   requests share).
