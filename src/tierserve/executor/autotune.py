@@ -9,8 +9,13 @@ through every path of `model/plan.py` that applies, at a few step sizes, in its 
 * decode-shaped steps of 1, 4, 16 and 64 requests (one new token each, 128 tokens of context);
 * prompt-shaped steps of 128 and 512 rows (one fresh chunk);
 
-candidates interleaved, best of three (two for prompts; a candidate more than 1.5x slower than
-the best after the first round is not timed again). The plan is cached in
+candidates interleaved, each first run once untimed at that size (a path's first call at a
+new size pays for its scratch buffers: timed cold, the fused layer once measured 24 ms against
+12 warm at 4 rows and lost every decode size from 3 rows up to a path 1.6x slower), then best
+of five (three for prompts). A candidate more than 8x slower than the best in the untimed
+round, or 1.5x after the first timed round, is not timed again, and one more than 4x slower at
+a size is not warmed up at the next (timed cold once) (the BLAS paths dequantize
+every weight per call: 0.25-2 s a step here). The plan is cached in
 ``$TIERSERVE_CACHE_DIR/autotune/<key>.json``, the key hashing the CPU model and instruction sets,
 the thread count, torch's version, the kernels' build and the model's shapes and weight formats;
 a later start with the same key reads it (~0 s) and logs the choice. ``TIERSERVE_AUTOTUNE=off``
@@ -60,7 +65,7 @@ def plan_key(executor) -> str:
             m.weights_summary,
             executor.block_size,
             str(m.dtype),
-            "v2",  # v2: the kernels' own threads; fused timed at every size
+            "v3",  # v2: the kernels' own threads; fused timed at every size; v3: warm-up
         ],
         sort_keys=True,
         default=str,
@@ -138,14 +143,25 @@ def measure(executor) -> dict[int, dict[str, float]]:
     timings: dict[int, dict[str, float]] = {}
     from tierserve.executor.torch_executor import RequestState
 
+    hopeless: set[str] = set()  # more than 4x the best at the previous size
     for rows in DECODE_SIZES + PROMPT_SIZES:
         decode = rows in DECODE_SIZES
         cands = list(paths)
         best = dict.fromkeys(cands, float("inf"))
-        for rep in range(3 if decode else 2):
-            # after the first round, only candidates within 1.5x of the best are timed again
-            lead = min(best.values())
-            for p in [c for c in cands if rep == 0 or best[c] <= 1.5 * lead]:
+        cold = dict.fromkeys(cands, float("inf"))
+        for rep in range(-1, 5 if decode else 3):
+            # Round -1 warms the candidates up, untimed (its times prune those more than 8x
+            # the best); one hopeless at the previous size skips it and is timed cold once,
+            # as every candidate was before. After the first timed round only those within
+            # 1.5x of the best go on.
+            lead, cold_lead = min(best.values()), min(cold.values())
+            for p in [
+                c
+                for c in cands
+                if (rep < 0 and c not in hopeless)
+                or (rep == 0 and (c in hopeless or cold[c] <= 8 * cold_lead))
+                or (rep > 0 and best[c] <= 1.5 * lead)
+            ]:
                 states, sched = {}, {}
                 if decode:
                     for r in range(rows):
@@ -162,8 +178,14 @@ def measure(executor) -> dict[int, dict[str, float]]:
                     executor.add_state(rid, st)
                 t0 = time.perf_counter()
                 executor._forward(states, sched, path=p)
-                best[p] = min(best[p], time.perf_counter() - t0)
+                took = time.perf_counter() - t0
+                if rep < 0:
+                    cold[p] = took
+                else:
+                    best[p] = min(best[p], took)
                 for rid in states:
                     executor.drop_state(rid)
-        timings[rows] = best
+        lead, cold_lead = min(best.values()), min(cold.values())
+        hopeless = {c for c in cands if best[c] > 4 * lead and not cold[c] <= 8 * cold_lead}
+        timings[rows] = {c: t for c, t in best.items() if t < float("inf")}
     return timings
