@@ -42,9 +42,9 @@ from tierserve.core.step_time import (
     EXPRESS_WINDOW_S,
     P0_WAIT_SHARE,
     ExpressShare,
+    StepBounds,
     StepTimeModel,
     StepWork,
-    step_bound,
 )
 from tierserve.core.stopping import take_output
 from tierserve.core.victims import Preempting
@@ -92,8 +92,8 @@ class Scheduler(QueueCounts, Preempting, Predictive):
         self.seats_freed = 0  # requests that left the running batch since the start
         # Step time, predicted and measured (step_time.py), and the bound on it.
         self.step_time = StepTimeModel(costs.prefill_tokens_per_s if costs else None)
-        self.step_bound_s = step_bound(config, policy)  # the bound now (see _step_bound)
-        self._bounds = (self.step_bound_s, step_bound(config, policy, p0_recent=True))
+        self._bounds = StepBounds(config, policy)
+        self.step_bound_s = self._bounds.plain  # the bound of the step planned last
         p0_sla = policy.priorities.sla(Priority.P0) if policy.traits.p0_strict else None
         self.calm = CalmSteps(
             config.p0_calm_fraction, config.p0_recent_s, p0_sla, config.batch_calm_fraction
@@ -125,7 +125,7 @@ class Scheduler(QueueCounts, Preempting, Predictive):
         self.kv.observe(now)
         if self.policy.traits.class_aware:
             self.kv.set_p1_waiting(self.policy.waiting_by_class()[Priority.P1] > 0)
-        self.step_bound_s = self._step_bound(now)
+        self.step_bound_s = self._bounds.at(now, self.calm.last_p0)
         plan = StepPlan(
             self._step,
             self.config.max_num_batched_tokens,
@@ -202,13 +202,6 @@ class Scheduler(QueueCounts, Preempting, Predictive):
             self.running[req.request_id] = req
             plan.swap_in(req, mapping)
             self.preemptions.swapped_in_blocks += len(mapping)
-
-    def _step_bound(self, now: float) -> float | None:
-        """The step bound (core/step_time.py): the tighter one while a P0 arrived within the
-        last `p0_recent_s` (one arriving mid-step waits for this step, then prefills in its
-        own), the plain one otherwise."""
-        base, p0_about = self._bounds
-        return p0_about if now - self.calm.last_p0 <= self.config.p0_recent_s else base
 
     def _express_step(self, now: float) -> str | None:
         """A P0 request is waiting: build the next step for it (see SchedulerConfig.p0_express),

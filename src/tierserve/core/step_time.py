@@ -249,6 +249,20 @@ def step_bound(config: SchedulerConfig, policy: Policy, p0_recent: bool = False)
     return fraction * sla
 
 
+class StepBounds:
+    """The step bound at a moment: ``step_bound`` with `p0_recent` while a P0 arrived within
+    the last ``p0_recent_s`` (one arriving mid-step waits for the step in flight, then
+    prefills in its own), the plain one otherwise."""
+
+    def __init__(self, config: SchedulerConfig, policy: Policy) -> None:
+        self.plain = step_bound(config, policy)
+        self.p0_about = step_bound(config, policy, p0_recent=True)
+        self.recent_s = config.p0_recent_s
+
+    def at(self, now: float, last_p0: float) -> float | None:
+        return self.p0_about if now - last_p0 <= self.recent_s else self.plain
+
+
 class ExpressShare:
     """The share of the engine's time spent in P0 express steps, over the last ~`window_s`
     (both sums decay with time): what rate-limits express steps."""
