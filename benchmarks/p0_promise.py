@@ -184,13 +184,18 @@ async def burst(url: str) -> None:
 # -- item 1: P0 prefix hits under a P3 flood ----------------------------------------------------
 
 
-def prefix_counters(url: str) -> tuple[float, float]:
+def prefix_counters(url: str, priority: str = "P0") -> tuple[float, float]:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     got = {}
     for name in ("llm_prefix_cache_queries_total", "llm_prefix_cache_hits_total"):
-        m = re.search(rf'^{name}\{{[^}}]*priority="P0"[^}}]*\}} (\S+)$', text, re.M)
+        m = re.search(rf'^{name}\{{[^}}]*priority="{priority}"[^}}]*\}} (\S+)$', text, re.M)
         got[name] = float(m.group(1)) if m else 0.0
     return got["llm_prefix_cache_queries_total"], got["llm_prefix_cache_hits_total"]
+
+
+def preemptions(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(v) for v in re.findall(r"^llm_preemption_total\{[^}]*\} (\S+)$", text, re.M))
 
 
 async def prefix(url: str, seconds: float, streams: int, every: float) -> None:
@@ -213,9 +218,14 @@ async def prefix(url: str, seconds: float, streams: int, every: float) -> None:
         return out
 
     q0, h0 = prefix_counters(url)
+    bq0, bh0 = prefix_counters(url, "P3")
+    pre0 = preemptions(url)
     async with httpx.AsyncClient(timeout=600) as ac:
         res = await asyncio.gather(probes(ac), *(flood(ac) for _ in range(streams)))
     q1, h1 = prefix_counters(url)
+    bq1, bh1 = prefix_counters(url, "P3")
+    print(f"flood (P3) prefix hit rate {(bh1 - bh0) / max(1.0, bq1 - bq0):.1%};"
+          f" preemptions {preemptions(url) - pre0:.0f}")  # fmt: skip
     p0 = res[0]
     print(f"P0 prefix hit rate under the P3 flood: {(h1 - h0) / max(1.0, q1 - q0):.1%}"
           f" ({len(p0)} probes every {every:g} s, 512 of 576 prompt tokens shared: 89% at"
