@@ -16,6 +16,8 @@ import argparse
 import json
 from dataclasses import replace
 
+from predictive_sim import _f, class_figures  # a sibling script: python benchmarks/...
+
 from tierserve.sim.fleet import FleetConfig, run_fleet
 from tierserve.sim.runner import SimConfig
 from tierserve.sim.workload import WorkloadConfig
@@ -34,22 +36,7 @@ BASE = SimConfig(
 
 
 def summary(r: dict) -> dict:
-    c = r["classes"]
-    return {
-        "preemptions": r["preemptions"]["swap"] + r["preemptions"]["recompute"],
-        "throughput": r["throughput_total_tokens_per_s"],
-        "output_throughput": r["throughput_tokens_per_s"],
-        "p1_e2e_p95": c["P1"]["e2e_p95_s"],
-        "p1_ttft_mean": c["P1"]["ttft_mean_s"],
-        "p2_ttft_mean": c["P2"]["ttft_mean_s"],
-        "p0_ttft_p95": c["P0"]["ttft_p95_s"],
-        "worst_ttft": max((x["ttft_max_s"] or 0.0) for x in c.values()),
-        "routed": (r["routed_min"], r["routed_max"]),
-    }
-
-
-def _f(x, nd=2) -> str:
-    return "-" if x is None else f"{x:.{nd}f}"
+    return {**class_figures(r), "routed": (r["routed_min"], r["routed_max"])}
 
 
 def main() -> None:

@@ -77,7 +77,8 @@ def _f(x, nd=2):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def summary(r: dict) -> dict:
+def class_figures(r: dict) -> dict:
+    """The issue's figures of one simulated run (an engine's report or a fleet's)."""
     c = r["classes"]
     return {
         "preemptions": r["preemptions"]["swap"] + r["preemptions"]["recompute"],
@@ -88,6 +89,12 @@ def summary(r: dict) -> dict:
         "p2_ttft_mean": c["P2"]["ttft_mean_s"],
         "p0_ttft_p95": c["P0"]["ttft_p95_s"],
         "worst_ttft": max((x["ttft_max_s"] or 0.0) for x in c.values()),
+    }
+
+
+def summary(r: dict) -> dict:
+    return {
+        **class_figures(r),
         "completed": r["completed"],
         "goodput": r["goodput_requests_per_s"],
         "failed": r["failed"],
