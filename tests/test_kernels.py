@@ -124,6 +124,30 @@ def test_long_segments_go_by_lanes_and_match_the_reference(heads, kv_heads, dim,
     assert torch.equal(again[:span], out[:span])
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (4, 4, 16)])
+def test_a_verification_row_is_bit_identical_to_the_same_row_decoded_alone(heads, kv_heads, dim):
+    """Speculative verification runs a request's last token and its drafts as one short
+    segment; each row must be what a one-row decode at that length gives, bit for bit, so that
+    drafts cannot change a greedy output. Contexts on and off block edges, 1-15 rows."""
+    bs, blocks = 16, 64
+    g = torch.Generator().manual_seed(heads * dim + 7)
+    kc = torch.randn(kv_heads, blocks, bs, dim, generator=g)
+    vc = torch.randn(kv_heads, blocks, bs, dim, generator=g)
+    tables = torch.randperm(blocks, generator=g)[:60].view(2, 30).int().contiguous()
+    for rows, ctx0 in ((2, 1), (5, 14), (5, 800 // 2), (8, 33), (15, 47)):
+        q = torch.randn(rows, heads, dim, generator=g)
+        out = torch.zeros(rows, heads, dim)
+        seg = torch.tensor([(0, rows, 1, ctx0)], dtype=torch.int32)
+        EXT.paged_attention_into(q, kc, vc, tables, seg, dim**-0.5, out)
+        for i in range(rows):
+            alone = torch.zeros(1, heads, dim)
+            one = torch.tensor([(0, 1, 1, ctx0 + i)], dtype=torch.int32)
+            EXT.paged_attention_into(q[i : i + 1], kc, vc, tables, one, dim**-0.5, alone)
+            assert torch.equal(alone[0], out[i]), (rows, ctx0, i)
+            ref = reference_attention(q[i], kc, vc, tables[1], ctx0 + i)
+            torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=2e-6)
+
+
 def test_paged_attention_rejects_a_segment_past_its_table():
     kc = torch.zeros(1, 4, 16, 64)
     tables = torch.zeros(1, 2, dtype=torch.int32)

@@ -67,7 +67,10 @@ void run_task(const Task& t, const Geometry& g, const float* q, const float* kc,
   const int32_t* table = tables + static_cast<int64_t>(t.table) * g.table_width;
   const float* kh = kc + t.head * g.blocks * bs * D;
   const float* vh = vc + t.head * g.blocks * bs * D;
-  float s[kMaxBlock] = {};
+  const int G = static_cast<int>(g.group);
+  alignas(64) float s[kMaxGroup][kMaxBlock];  // one block's scores, per query head of a row
+  alignas(64) float ew[kMaxGroup][VL];        // their exponentials, VL keys at a time
+  float mx[kMaxGroup], lsum[kMaxGroup];
   for (int64_t p0 = 0; p0 < ctx_max; p0 += bs) {
     const int64_t blk = table[p0 / bs];
     const float* kb = kh + blk * bs * D;
@@ -76,30 +79,46 @@ void run_task(const Task& t, const Geometry& g, const float* q, const float* kc,
     for (int i = 0; i < t.rows; ++i) {
       const int64_t valid = std::min(n_block, t.ctx0 + i - p0);  // causal limit of row i
       if (valid <= 0) continue;
-      for (int h = 0; h < g.group; ++h) {
-        const int j = i * g.group + h;
-        float mx = m_run[j];
-        for (int64_t p = 0; p < valid; ++p) {
-          vf dot = qv[j][0] * vload(kb + p * D);
-          for (int d = 1; d < DV; ++d) dot += qv[j][d] * vload(kb + p * D + d * VL);
-          s[p] = vsum(dot);
-          mx = std::max(mx, s[p]);
+      for (int h = 0; h < G; ++h) {
+        const int j = i * G + h;
+        // Scores VL keys at a time (the block holds whole vectors of keys: those past `valid`
+        // are read and ignored), summed across lanes together: the same sums as one vsum each.
+        for (int64_t c = 0; c < valid; c += VL) {
+          vf dots[VL];
+          for (int u = 0; u < VL; ++u) {
+            const float* kp = kb + (c + u) * D;
+            vf dot = qv[j][0] * vload(kp);
+            for (int d = 1; d < DV; ++d) dot += qv[j][d] * vload(kp + d * VL);
+            dots[u] = dot;
+          }
+          vstore(s[h] + c, vsum_lanes(dots));
         }
-        const float alpha = std::exp(m_run[j] - mx);  // 0 on the first block (-inf - mx)
-        m_run[j] = mx;
-        float l = l_run[j] * alpha;
+        float m = m_run[j];
+        for (int64_t p = 0; p < valid; ++p) m = std::max(m, s[h][p]);
+        const float alpha = std::exp(m_run[j] - m);  // 0 on the first block (-inf - m)
+        m_run[j] = m;
+        mx[h] = m;
+        lsum[h] = l_run[j] * alpha;
         for (int d = 0; d < DV; ++d) acc[j][d] *= alpha;
-        for (int64_t p = 0; p < valid; p += VL) {
-          vf e = vexp_nonpos(vload(s + p) - mx);
-          for (int64_t u = 0; u < VL && p + u < valid; ++u) {
-            const float w = e[u];
-            l += w;
-            const float* vp = vb + (p + u) * D;
-            for (int d = 0; d < DV; ++d) acc[j][d] += w * vload(vp + d * VL);
+      }
+      // The weighted values: each key's V row is loaded once for the row's query heads, whose
+      // sums run side by side (each in key order, as one head alone would sum them).
+      for (int64_t p = 0; p < valid; p += VL) {
+        for (int h = 0; h < G; ++h) vstore(ew[h], vexp_nonpos(vload(s[h] + p) - mx[h]));
+        const int64_t n = std::min<int64_t>(VL, valid - p);
+        for (int64_t u = 0; u < n; ++u) {
+          const float* vp = vb + (p + u) * D;
+          vf vv[DV];
+          for (int d = 0; d < DV; ++d) vv[d] = vload(vp + d * VL);
+          for (int h = 0; h < G; ++h) {
+            const float w = ew[h][u];
+            lsum[h] += w;
+            vf* a = acc[i * G + h];
+            for (int d = 0; d < DV; ++d) a[d] += w * vv[d];
           }
         }
-        l_run[j] = l;
       }
+      for (int h = 0; h < G; ++h) l_run[i * G + h] = lsum[h];
     }
   }
   for (int i = 0; i < t.rows; ++i)

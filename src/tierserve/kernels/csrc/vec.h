@@ -34,6 +34,35 @@ inline float vsum(vf v) {
   return t[0];
 }
 
+// vsum of VL vectors at once: lane p of the result is vsum(v[p]), bit for bit (the same pairwise
+// tree, level by level), in about 3 vector operations per vector instead of vsum's ~VL scalar
+// ones. Each level pairs vectors whose keys' partial sums lie in segments of L lanes into one
+// whose segments are L / 2 lanes long: segment lane j takes lanes j and j + L / 2 of its key's
+// old segment, as vsum's level adds t[j + w] to t[j]. Keys stay in order; `v` is overwritten.
+template <int L>
+inline void vsum_lanes_level(vf* v, int n) {
+  if constexpr (L > 1) {
+    constexpr int K = VL / L;  // keys per input vector
+    vi lo, hi;
+    for (int s = 0; s < 2 * K; ++s)
+      for (int j = 0; j < L / 2; ++j) {
+        const int src = s < K ? s * L + j : VL + (s - K) * L + j;
+        lo[s * (L / 2) + j] = src;
+        hi[s * (L / 2) + j] = src + L / 2;
+      }
+    for (int i = 0; i < n / 2; ++i) {
+      const vf a = v[2 * i], b = v[2 * i + 1];
+      v[i] = __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
+    }
+    vsum_lanes_level<L / 2>(v, n / 2);
+  }
+}
+
+inline vf vsum_lanes(vf (&v)[VL]) {
+  vsum_lanes_level<VL>(v, VL);
+  return v[0];
+}
+
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 
 // exp(x) for x <= 0 (softmax after max subtraction): Cody-Waite range reduction and a degree-6
