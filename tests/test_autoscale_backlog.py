@@ -1,6 +1,7 @@
 """The class autoscaler scales out by the size of the backlog (issue 24): a P1 backlog of N
 drain units (what one replica serves of P1 in ``drain_s``) asks for N replicas in one decision,
-the cluster's rule (``cluster/autoscale.py``) and the simulated fleet's alike."""
+the cluster's rule (``cluster/autoscale.py``) and the simulated fleet's alike. The backlog
+includes the requests held at the ingress (late binding), which no replica's signals see."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import pytest
 
 from tests.test_sim_fleet_ingress import FAST_SLAS
 from tierserve.cluster.autoscale import ScaleConfig, desired_replicas
-from tierserve.cluster.signals import ClassWindow
+from tierserve.cluster.signals import ClassWindow, held_metrics, merge_held
 from tierserve.priority import Priority
+from tierserve.routing.late_binding import WaitQueue
 from tierserve.sim.fleet import FleetConfig, run_fleet
 from tierserve.sim.fleet_scale import AutoscaleConfig
 
@@ -76,3 +78,70 @@ def test_the_simulated_fleet_adds_several_replicas_at_once_under_a_deep_p1_backl
     assert ups and ups[0]["reason"] == "p1-at-risk"
     assert ups[0]["wanted"] - ups[0]["current"] > 1  # one decision, several replicas
     assert r["replicas_used"] >= 1 + ups[0]["wanted"] - ups[0]["current"]
+
+
+# -- the ingress's held backlog (late binding: requests wait at the ingress, bound to no replica)
+
+
+def held(p1: float, ratio: float) -> dict[str, float]:
+    """The ingress's held backlog as every replica exports it (signals.held_metrics)."""
+    return {"p1_held": p1, "p1_held_wait_ratio": ratio}
+
+
+def test_a_p1_backlog_held_at_the_ingress_puts_p1_at_risk_and_sizes_the_scale_out():
+    cfg = ScaleConfig(drain_s=5.0)
+    # Two replicas serve 2 P1 requests a second each, none waits at them (late binding keeps
+    # the backlog at the ingress): 60 held, the oldest at 0.9 x the SLA. 60 / (2 x 5) = 6.
+    calm = {"p1_wait_ratio": 0.1, "p1_waiting": 0.0, "p1_served_per_s": 2.0}
+    fleet = {"a": {**calm, **held(60, 0.9)}, "b": {**calm, **held(60, 0.9)}}
+    assert desired_replicas(fleet, 2, cfg) == (8, "p1-at-risk")
+    # Held and waiting at the replicas add up: 10 + 50 is the same backlog.
+    mixed = {"a": {**p1_late(10, 2.0), **held(50, 0.9)}, "b": {**calm, **held(50, 0.9)}}
+    assert desired_replicas(mixed, 2, cfg) == (8, "p1-at-risk")
+    # Replicas report the same fleet-wide figures at slightly different times: the largest.
+    assert desired_replicas({"a": {**calm, **held(60, 0.9)}, "b": calm}, 2, cfg)[0] == 8
+    # Young held requests are not at risk, however many; nor does a held P3 backlog scale out.
+    young = {"a": {**calm, **held(500, 0.5)}, "b": {**calm, **held(500, 0.5)}}
+    assert desired_replicas(young, 2, cfg) == (2, "steady")
+    p3 = {"p3_held": 500.0, "p3_held_wait_ratio": 0.0}
+    assert desired_replicas({"a": {**calm, **p3}, "b": {**calm, **p3}}, 2, cfg)[1] != "p1-at-risk"
+    # A fleet with P1 held is not quiet, however calm its replicas.
+    idle = {"p1_wait_ratio": 0.0, "p1_waiting": 0.0}
+    assert desired_replicas({"a": idle, "b": idle}, 2, cfg) == (1, "quiet")
+    assert desired_replicas({"a": {**idle, **held(1, 0.01)}, "b": idle}, 2, cfg) == (2, "steady")
+
+
+def test_held_metrics_give_the_held_count_and_the_oldest_wait_over_the_sla():
+    slas = (0.5, 5.0, 60.0, None)
+    m = held_metrics((0, 3, 1, 2), (0.0, 4.0, 6.0, 9.0), slas)
+    assert m["p1_held"] == 3.0 and m["p1_held_wait_ratio"] == pytest.approx(0.8)
+    assert m["p2_held_wait_ratio"] == pytest.approx(0.1)
+    assert m["p3_held"] == 2.0 and m["p3_held_wait_ratio"] == 0.0  # no SLA
+    assert m["p0_held"] == 0.0 and m["p0_held_wait_ratio"] == 0.0
+    # Two ingress replicas: the fleet holds the sum; its oldest wait is the larger.
+    other = held_metrics((0, 2, 0, 0), (0.0, 4.5, 0.0, 0.0), slas)
+    both = merge_held([m, other])
+    assert both["p1_held"] == 5.0 and both["p1_held_wait_ratio"] == pytest.approx(0.9)
+    assert merge_held([]) == held_metrics((0,) * 4, (0.0,) * 4, slas)  # every key, at zero
+
+
+def test_the_wait_queue_reports_its_backlog_per_class():
+    q: WaitQueue[tuple[str, float]] = WaitQueue()
+    q.push(Priority.P1, "t1", ("a", 2.0))
+    q.push(Priority.P1, "t2", ("b", 1.0))
+    q.push(Priority.P3, "t1", ("c", 3.0))
+    counts, oldest = q.backlog(lambda x: x[1], now=5.0)
+    assert counts == (0, 2, 0, 1) and oldest == (0.0, 4.0, 0.0, 2.0)
+
+
+def test_the_simulated_fleet_sizes_a_scale_out_by_the_backlog_held_at_its_ingress():
+    """With late binding the P1 backlog waits at the ingress: the replicas' own queues stay
+    short, so only the held backlog can show the fleet short of room and size the step."""
+    w = replace(FAST_SLAS.workload, mix=(0.0, 1.0, 0.0, 0.0), rate=120.0, duration_s=8.0)
+    auto = AutoscaleConfig(1, 8, start_s=1.0, upscale_delay_s=1.0, window_s=3.0)
+    cfg = FleetConfig(replace(FAST_SLAS, workload=w), 1, ingress_queue=True, autoscale=auto)
+    r = run_fleet(cfg)
+    assert r["ingress_held_max"] > 20  # a real backlog, held at the ingress
+    ups = [d for d in r["scale_decisions"] if d["wanted"] > d["current"]]
+    assert ups and ups[0]["reason"] == "p1-at-risk"
+    assert ups[0]["wanted"] - ups[0]["current"] > 1  # one decision, several replicas

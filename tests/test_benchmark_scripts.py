@@ -1,6 +1,7 @@
 """The benchmark scripts in benchmarks/ run (a tiny smoke configuration; not timed)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,17 @@ def test_gemm_curve_script_prints_one_row_per_m():
     rows = [line.split() for line in proc.stdout.splitlines()[2:]]
     assert [r[0] for r in rows] == ["1", "4"]
     assert all(float(r[1]) > 0 and float(r[4]) > 0 for r in rows)
+
+
+def test_autoscale_timeline_prints_the_autoscaler_s_inputs_and_the_cost():
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # this checkout's code
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "autoscale_timeline.py"), "--duration", "6",
+         "--drain-time-at-risk"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # The first seconds' light load on the 4 replicas the run starts with: quiet (the policy
+    # would shed one; the scaler keeps the minimum, 4).
+    assert " 0-5  s |" in proc.stdout and "-> 3 (quiet)" in proc.stdout
+    assert "replica-seconds" in proc.stdout and "per on-time" in proc.stdout

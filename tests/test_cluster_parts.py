@@ -47,6 +47,11 @@ def test_payload_round_trip_rebases_times_on_the_replica_clock():
     back = wire.request_from_payload(p, now=7.0)
     # the frozen request, field for field, arriving at the replica's clock
     assert back == dataclasses.replace(req, arrival_time=7.0, deadline=7.5)
+    # sent after 1.25 s at the ingress (held, or a first try at a replica that died): the
+    # replica counts that wait, its deadline as near as it was
+    late = json.loads(json.dumps(wire.request_payload(req, route, now=101.25)))
+    back = wire.request_from_payload(late, now=7.0)
+    assert (back.arrival_time, back.deadline) == (5.75, 6.25)
     r, avoid, pin = wire.route_of(p)
     assert r == route and avoid == {"dead"} and pin is None
 
@@ -162,6 +167,12 @@ def test_autoscaling_scales_out_for_p0_on_any_replica_and_p1_on_most():
     both_p1 = {"a": metrics(p1=(1.0, 1.0, 3)), "b": metrics(p1=(0.5, 0.8, 1))}
     assert desired_replicas(both_p1, 2, cfg) == (3, "p1-at-risk")
     assert desired_replicas({"a": metrics(), "b": metrics()}, 2, cfg) == (1, "quiet")
+    # A steady light flow: a request or two always a few ms from its first token, TTFTs far
+    # inside the SLA: quiet (a fleet under any load used to stay at its peak size).
+    light = metrics(p0=(0.15, 1.0, 1), p1=(0.05, 1.0, 2))
+    assert desired_replicas({"a": light, "b": light}, 2, cfg) == (1, "quiet")
+    slowish = {"a": light, "b": metrics(p0=(0.3, 1.0, 1))}  # P0 waits 0.3 x its SLA
+    assert desired_replicas(slowish, 2, cfg) == (2, "steady")
     assert desired_replicas({"a": metrics()}, 1, cfg) == (1, "steady")
     assert desired_replicas({}, 2, cfg) == (2, "no-metrics")
 

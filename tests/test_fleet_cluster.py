@@ -345,3 +345,50 @@ def test_a_request_waits_at_the_ingress_and_goes_to_the_replica_that_frees_first
         print(f"late-bound P2 served in {took:.2f} s")
     finally:
         release(gens)
+
+
+def test_every_replica_exports_the_backlog_held_at_the_ingress(fleet):
+    """The autoscaler reads the ingress's held backlog through the engine replicas: the ingress
+    pushes it to the board, the board hands it back with each replica's report, and each
+    replica exports it with its own signals (the record ``record_autoscaling_stats`` returns,
+    as the board shows it). Every seat busy with long P1 streams; a P3 request whose prompt
+    exceeds a step's budget waits at the ingress: every replica reports ``p3_held`` 1 (P3 has
+    no SLA: its wait ratio stays 0), and 0 once it has gone. (A held P1 request would be
+    refused here first: SLA admission is on, and the seats' streams are 2000 tokens long.)"""
+    reps = sorted(board_view()["replicas"])
+    gens = [pinned(r, Priority.P1, 2000) for r in reps for _ in range(SEATS)]
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    job = None
+    try:
+        for g in gens:
+            started(g)
+            assert next(g)["token_ids"]
+        wait_for(
+            "every seat streaming",
+            lambda: all(
+                r["load"]["running"][Priority.P1] == SEATS
+                for r in board_view()["replicas"].values()
+            ),
+            timeout=10,
+        )
+        time.sleep(0.6)  # the ingress's view shows them full
+        job = pool.submit(lambda: post(httpx.Client(timeout=60), fleet, "p3", "Say hi. " * 150))
+        wait_for("the request held at the ingress", lambda: held(fleet) == 1, timeout=5)
+        wait_for(
+            "every replica exporting it",
+            lambda: all(m.get("p3_held") == 1.0 for m in signals().values()),
+            timeout=10,
+        )
+        assert board_view()["held"]["p3_held"] == 1.0
+        assert all(
+            m["p3_held_wait_ratio"] == 0.0 and m["p1_held"] == 0.0 for m in signals().values()
+        )
+    finally:
+        release(gens)
+        pool.shutdown(wait=True)  # the request is served once the seats free
+    assert job is not None and job.result().status_code == 200
+    wait_for(
+        "the held backlog gone from every replica's export",
+        lambda: all(m.get("p3_held") == 0.0 for m in signals().values()),
+        timeout=10,
+    )

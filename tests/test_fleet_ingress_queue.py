@@ -1,6 +1,7 @@
 """The ingress's priority queue (issue 24.3, cluster/ingress_queue.py): late binding without Ray.
 Fleet views as the board gives them; the ingress's RemoteEngine with a fake replica stream that
-records what was sent."""
+records what was sent. The held backlog's way to the autoscaling policy, through the fleet
+board."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from types import SimpleNamespace
 from tierserve.admission import AdmissionController
 from tierserve.clock import ManualClock
 from tierserve.cluster import wire
-from tierserve.cluster.fleet import FleetView, ReplicaLoad
+from tierserve.cluster.autoscale import ClassAutoscalingPolicy
+from tierserve.cluster.board import Board
+from tierserve.cluster.fleet import FleetBoard, FleetView, ReplicaLoad
 from tierserve.cluster.ingress_queue import IngressQueue
 from tierserve.cluster.remote_engine import RemoteEngine
-from tierserve.config import AdmissionConfig
+from tierserve.cluster.signals import ClassWindow, with_held
+from tierserve.config import AdmissionConfig, PriorityConfig
 from tierserve.core.limits import RequestLimits
 from tierserve.engine.events import StreamDelta
 from tierserve.priority import Priority
@@ -236,3 +240,67 @@ def test_the_queue_is_bounded_by_admission_s_queue_limits():
         eng.shutdown()
 
     asyncio.run(run())
+
+
+def test_the_held_backlog_reaches_the_autoscaling_policy_through_the_board():
+    """What the ingress pushes (``IngressQueue.held_metrics``, as ``Ingress._refresh`` sends
+    it), the board's reply to each engine replica's report (``Board.report``, as the board
+    deployment runs it), each replica's exported metrics (``with_held``, as
+    ``EngineReplica.record_autoscaling_stats`` returns them) and the policy on them the way
+    Ray Serve aggregates them: 30 P1 requests held past 0.8 x the SLA ask for 3 more replicas
+    (each replica serves 2 P1 requests a second: 30 / (2 x 5 s))."""
+    slas = PriorityConfig().ttft_sla_s  # P1: 5 s
+
+    async def run():
+        clock = Clock()
+        q = IngressQueue(clock)
+        q.set_view(view((2, 2), (2, 2)))  # every seat runs P1: no room for P1
+        waiters = [asyncio.create_task(q.wait_turn(P1, f"t{i % 3}")) for i in range(30)]
+        await asyncio.sleep(0)
+        board = Board()
+
+        def window(now: float) -> ClassWindow:
+            """A replica that served 20 P1 first tokens in its last 10 s."""
+            w = ClassWindow(slas, window_s=10.0)
+            for i in range(20):
+                w.on_added(f"r{i}", P1, now - 10.0)
+                w.on_first_token(f"r{i}", P1, 0.2, now - 10.0 + 0.5 * i)
+            return w
+
+        async def decide(age: float) -> tuple[int, str]:
+            clock.t += age
+            await board.report_held("ingress-1", q.held_metrics(slas))
+            per_metric: dict[str, dict[str, float]] = {}
+            for rid in ("r0", "r1"):
+                reply = await board.report(rid, ReplicaLoad().to_dict(), None)
+                for name, v in with_held(window(clock.t).summary(clock.t), reply).items():
+                    per_metric.setdefault(name, {})[rid] = v
+            ctx = SimpleNamespace(
+                aggregated_metrics=per_metric, current_num_replicas=2, policy_state={}
+            )
+            n, state = ClassAutoscalingPolicy()(ctx)
+            assert per_metric["p1_held"] == {"r0": 30.0, "r1": 30.0}
+            return n, state["tierserve_last_decision"]
+
+        assert await decide(2.0) == (2, "steady")  # held 2 s: 0.4 x the SLA
+        assert await decide(2.5) == (5, "p1-at-risk")  # held 4.5 s: 0.9 x the SLA
+        for t in waiters:
+            t.cancel()
+        await asyncio.sleep(0)
+        await board.report_held("ingress-1", q.held_metrics(slas))
+        reply = await board.report("r0", ReplicaLoad().to_dict(), None)
+        assert reply["p1_held"] == 0.0 and reply["p1_held_wait_ratio"] == 0.0
+
+    asyncio.run(run())
+
+
+def test_the_board_merges_ingress_replicas_held_backlogs_and_forgets_a_silent_one():
+    b = FleetBoard(expire_s=3.0)
+    assert b.held(now=0.0)["p1_held"] == 0.0  # every key, with no ingress reporting
+    b.report_held("i1", {"p1_held": 4.0, "p1_held_wait_ratio": 0.5}, now=0.0)
+    b.report_held("i2", {"p1_held": 2.0, "p1_held_wait_ratio": 0.9}, now=2.0)
+    h = b.held(now=2.0)
+    assert (h["p1_held"], h["p1_held_wait_ratio"]) == (6.0, 0.9)
+    assert b.view(now=2.0)["held"] == h  # operators see it too
+    h = b.held(now=4.0)  # i1 silent for 4 s: gone
+    assert (h["p1_held"], h["p1_held_wait_ratio"]) == (2.0, 0.9)

@@ -406,3 +406,74 @@ def test_open_loop_arrivals_keep_their_rate_when_steps_are_longer_than_the_gaps(
     assert 300 < len(result.records) < 500
     assert max(added.values()) <= 0.1 + 1e-9  # at most one step after it arrived
     assert result.end_time < 10.0 + 1.0
+
+
+def test_preemption_time_counts_recomputed_tokens_at_their_marginal_step_cost():
+    """A request computed to 10 tokens, preempted for recompute, then resumed: its 10 tokens
+    computed again are recomputation, priced as what they add to the step; the 11th is not."""
+    from tierserve.clock import ManualClock
+    from tierserve.core.outputs import NewRequestData, SchedulerOutput
+    from tierserve.sampling_params import SamplingParams
+    from tierserve.sim.executor import SimExecutor
+
+    cm = CostModel(load_hardware("a100-80gb"), load_model_profile("llama-3.1-8b"), tp=1)
+    ex = SimExecutor(cm, ManualClock(), 16)
+
+    def new(tokens):
+        return NewRequestData("r", list(range(tokens)), 10, SamplingParams(), [0], 0)
+
+    ex.execute(SchedulerOutput(1, [new(10)], num_scheduled_tokens={"r": 10}))
+    assert (ex.totals.recompute_tokens, ex.totals.recompute_s) == (0, 0.0)
+    ex.execute(SchedulerOutput(2, preempted_req_ids={"r"}))
+    ex.execute(SchedulerOutput(3, [new(11)], num_scheduled_tokens={"r": 11}))
+    assert ex.totals.recompute_tokens == 10
+    marginal = cm.step([(11, 11)], 1).seconds - cm.step([(1, 11)], 1).seconds
+    assert ex.totals.recompute_s == pytest.approx(marginal, rel=1e-12)
+    assert ex.totals.recompute_s > 0
+    # Finished: a new request under the same id computes nothing again.
+    ex.execute(SchedulerOutput(4, finished_req_ids={"r"}))
+    ex.execute(SchedulerOutput(5, [new(10)], num_scheduled_tokens={"r": 10}))
+    assert ex.totals.recompute_tokens == 10
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_a_run_reports_the_preemption_time_of_its_mode(mode):
+    from tierserve.sim.scenarios import MEMORY_PRESSURE_BASE
+
+    wl = replace(
+        MEMORY_PRESSURE_BASE.workload,
+        lengths="heavy_tail",
+        duration_s=40.0,
+        warmup_s=10.0,
+        concurrency=256,
+    )
+    r = run_simulation(replace(MEMORY_PRESSURE_BASE, preemption_mode=mode, workload=wl))
+    t, p = r["preemption_time"], r["preemptions"]
+    assert p[mode] > 0 and p["swap" if mode == "recompute" else "recompute"] == 0
+    if mode == "swap":
+        assert t["swap_s"] > 0 and t["recompute_tokens"] == 0 and t["recompute_s"] == 0
+    else:
+        assert t["swap_s"] == 0 and t["recompute_tokens"] > 0 and t["recompute_s"] > 0
+    assert t["total_s"] == pytest.approx(t["swap_s"] + t["recompute_s"], abs=2e-3)
+
+
+def test_simulate_flags_for_heavy_tails_prediction_and_preemption_reach_the_run(tmp_path, capsys):
+    from tierserve.cli import main
+
+    out = tmp_path / "sim"
+    base = ["simulate", "--policy", "hybrid", "--concurrency", "64", "--duration", "20"]
+    base += ["--warmup", "5", "--workers", "1", "--out", str(out)]
+    flags = ["--lengths", "heavy-tail", "--predictive", "order", "reserve"]
+    assert main(base + flags + ["--preemption-mode", "recompute"]) == 0
+    (r,) = json.loads((out / "results.json").read_text())
+    cfg = r["config"]
+    assert cfg["workload"]["lengths"] == "heavy_tail" and cfg["preemption_mode"] == "recompute"
+    assert cfg["predictive_order_s"] > 0 and cfg["predictive_reserve"]
+    assert not cfg["predictive_ttft"] and not cfg["predictive_routing"]
+    assert r["preemptions"]["swap"] == 0
+    assert sum(e["n"] for e in r["predictor_error"].values()) > 0  # it checked predictions
+    capsys.readouterr()
+    assert main([*base, "--predictive", "sooner"]) == 2
+    assert "--predictive takes off, all or some of order" in capsys.readouterr().err
+    assert main(["simulate", "--scenario", "seed-table", "--lengths", "heavy-tail"]) == 2
+    assert "apply to custom runs" in capsys.readouterr().err

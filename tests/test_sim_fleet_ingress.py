@@ -290,3 +290,16 @@ def test_the_simulate_command_takes_the_fleet_ingress_switches(tmp_path, capsys)
     assert r["config"]["rate_profile"] == [[0.0, 1.0], [2.0, 2.0]]
     assert main([*argv[:-2], "--autoscale", "3:1", "--out", str(tmp_path)]) == 2
     assert "autoscaling needs 1 <= min <= max" in capsys.readouterr().err
+
+
+def test_the_fleet_ingress_scenario_runs_one_experiment_on_request(capsys):
+    from tierserve.cli import main
+    from tierserve.sim.scenarios import fleet_ingress_configs
+
+    runs = fleet_ingress_configs(experiments=("autoscale",))
+    assert [c.name for c in runs] == ["autoscale: fixed 16, queue on", "autoscale: 4:16, queue on"]
+    assert all(c.ingress_queue for c in runs)  # a fair comparison: late binding in both
+    assert len(fleet_ingress_configs()) == 6
+    argv = ["simulate", "--scenario", "seed-table", "--experiment", "autoscale"]
+    assert main(argv) == 2
+    assert "--experiment needs --scenario fleet-ingress" in capsys.readouterr().err

@@ -20,6 +20,10 @@ def add_simulate_arguments(sm: argparse.ArgumentParser) -> None:
         ],
         default="custom",
     )
+    sm.add_argument(
+        "--experiment", action="append", choices=["admission", "queue", "autoscale"],
+        help="fleet-ingress: run only this experiment's runs (repeatable; default all)",
+    )  # fmt: skip
     sm.add_argument("--out", default="out/sim", help="folder for results.json, report.md, PNGs")
     sm.add_argument("--policy", action="append", help="policy (repeatable; default fcfs, hybrid)")
     sm.add_argument("--concurrency", type=int, nargs="+", default=[32, 128, 512])
@@ -34,6 +38,19 @@ def add_simulate_arguments(sm: argparse.ArgumentParser) -> None:
     sm.add_argument("--duration", type=float, default=600.0, help="simulated seconds of arrivals")
     sm.add_argument("--warmup", type=float, default=150.0, help="seconds not measured")
     sm.add_argument("--shared-prefixes", action="store_true", help="per-class system prompts")
+    sm.add_argument(
+        "--lengths", choices=["classes", "heavy-tail"], default="classes",
+        help="classes: each class's lengths, outputs to max_tokens; heavy-tail: per-tenant "
+        "templates with lognormal / mixture outputs ending by EOS (sim/heavy_tail.py)",
+    )  # fmt: skip
+    sm.add_argument(
+        "--predictive", nargs="+", default=["off"], metavar="USE",
+        help="predictive scheduling, as for serve: off | all | order reserve ttft routing",
+    )  # fmt: skip
+    sm.add_argument(
+        "--preemption-mode", choices=["auto", "swap", "recompute"], default=None,
+        help="swap or recompute a victim: by cost (auto, the default), or always one",
+    )  # fmt: skip
     sm.add_argument("--seed", type=int, default=0)
     sm.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
     sm.add_argument("--replicas", type=int, default=1, help="simulated engine replicas")
@@ -147,7 +164,26 @@ def workload_config(args: argparse.Namespace):
         warmup_s=args.warmup,
         shared_prefixes=args.shared_prefixes,
         seed=args.seed,
+        lengths=args.lengths.replace("-", "_"),
     )
+
+
+def predictive_fields(words: list[str]) -> dict:
+    """`--predictive` as SimConfig fields, as `tierserve serve` maps it (ValueError naming a
+    bad use)."""
+    from tierserve.engine.args import PREDICTIVE_ORDER_S, PREDICTIVE_USES, parse_predictive
+
+    uses = parse_predictive(words)
+    if bad := [u for u in uses if u not in PREDICTIVE_USES]:
+        raise ValueError(
+            f"--predictive takes off, all or some of {', '.join(PREDICTIVE_USES)}; got {bad[0]!r}"
+        )
+    return {
+        "predictive_order_s": PREDICTIVE_ORDER_S if "order" in uses else 0.0,
+        "predictive_reserve": "reserve" in uses,
+        "predictive_ttft": "ttft" in uses,
+        "predictive_routing": "routing" in uses,
+    }
 
 
 def simulate(args: argparse.Namespace) -> int:
@@ -178,6 +214,25 @@ def simulate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tierserve simulate: {exc}", file=sys.stderr)
         return 2
+    try:
+        engine_opts = predictive_fields(args.predictive)
+    except ValueError as exc:
+        print(f"tierserve simulate: {exc}", file=sys.stderr)
+        return 2
+    if args.preemption_mode:
+        engine_opts["preemption_mode"] = args.preemption_mode
+    if args.scenario != "custom" and (
+        args.lengths != "classes" or any(engine_opts.values()) or args.preemption_mode
+    ):
+        print(
+            "tierserve simulate: --lengths, --predictive and --preemption-mode apply to custom "
+            f"runs, not --scenario {args.scenario}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.experiment and args.scenario != "fleet-ingress":
+        print("tierserve simulate: --experiment needs --scenario fleet-ingress", file=sys.stderr)
+        return 2
     if margin is not None and not margin > 0:
         print(f"tierserve simulate: --sla-margin must be positive, got {margin}", file=sys.stderr)
         return 2
@@ -196,7 +251,7 @@ def simulate(args: argparse.Namespace) -> int:
         configs = fleet_configs(routers=args.router) if args.router else fleet_configs()
         title = "Fleet: routers compared on simulated replicas"
     elif args.scenario == "fleet-ingress":
-        configs = fleet_ingress_configs()
+        configs = fleet_ingress_configs(experiments=tuple(args.experiment or ()))
         title = "Fleet: the ingress's admission, queue and autoscaler on simulated replicas"
     else:
         wl = workload_config(args)
@@ -217,6 +272,7 @@ def simulate(args: argparse.Namespace) -> int:
             max_retries=args.max_retries,
             demote_tenants=tuple(args.sla_demote or ()),
             end_early_tenants=tuple(args.sla_end_early or ()),
+            **engine_opts,
         )
         fleet = args.replicas > 1 or args.router or fleet_opts
         base = with_sla_admission(base, sla_on and not fleet, margin)

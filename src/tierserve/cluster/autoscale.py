@@ -1,10 +1,12 @@
 """Autoscaling by class: scale out when P0 (then P1) is at risk, not on total ongoing requests.
 
 Every engine replica exports, through Ray Serve's ``record_autoscaling_stats``, its per-class
-wait ratio and SLA attainment (``signals.py``). Ray Serve averages each metric per replica over
-``look_back_period_s`` and calls the deployment's custom policy (``AutoscalingConfig.policy``,
-this module's ``ClassAutoscalingPolicy``) with them. The decision, ``desired_replicas``, is a
-pure function:
+wait ratio and SLA attainment (``signals.py``), and, with the ingress queue on, the ingress's
+held backlog (``held_metrics``: requests that wait at the ingress, bound to no replica, which
+no replica's own signals can see; every replica carries the same fleet-wide figures, learned
+from the fleet board). Ray Serve averages each metric per replica over ``look_back_period_s``
+and calls the deployment's custom policy (``AutoscalingConfig.policy``, this module's
+``ClassAutoscalingPolicy``) with them. The decision, ``desired_replicas``, is a pure function:
 
 * **out** when any replica has P0 at risk: its wait ratio at or above ``p0_wait_ratio``
   (waiting for a first token longer than that fraction of the P0 SLA) or its attainment below
@@ -12,14 +14,21 @@ pure function:
 * otherwise **out** when P1 is at risk the same way (``p1_*`` thresholds) on *most* replicas
   (more than half): P1 is routed to the least-queued replica, so one hot replica is the
   router's job, not the autoscaler's;
-* **how many out**: by the size of the class's backlog, not one at a time. One replica drains
-  the class at its *served rate* (first tokens per second, ``signals.py``; the mean over the
-  replicas that served any); the fleet asks for as many replicas beyond those serving as it
-  takes to drain the waiting requests within ``drain_s`` at that rate -- replicas already
-  starting count -- and never fewer than ``step`` more. Without a served rate (nothing got a
-  first token in the window), ``step``;
-* **in** by one when every replica is quiet: P0 and P1 wait ratios below ``quiet_ratio`` and no
-  P0 or P1 request waiting;
+* P0 (P1) **held** at the ingress is at risk too when the oldest held request of the class has
+  waited ``p0_wait_ratio`` (``p1_wait_ratio``) of its SLA there: a request is held only while
+  no replica has room for it, so that is the whole fleet short of room, never one hot replica;
+* **how many out**: by the size of the class's backlog, not one at a time -- the requests
+  waiting at the replicas plus those held at the ingress. One replica drains the class at its
+  *served rate* (first tokens per second, ``signals.py``; the mean over the replicas that
+  served any); the fleet asks for as many replicas beyond those serving as it takes to drain
+  the backlog within ``drain_s`` at that rate -- replicas already starting count -- and never
+  fewer than ``step`` more. Without a served rate (nothing got a first token in the window),
+  ``step``;
+* **in** by one when every replica is quiet: P0 and P1 wait ratios below ``quiet_ratio`` (the
+  ratio already counts the oldest request still waiting for its first token, so a request
+  waiting a few milliseconds, as one always is under a steady flow, does not keep the fleet
+  up; an earlier rule also asked that none wait, and a fleet under any steady load never
+  scaled in), and none held at the ingress;
 * otherwise stay.
 
 Ray Serve then applies its own bounds (min/max replicas) and delays (``upscale_delay_s``,
@@ -41,7 +50,7 @@ class ScaleConfig:
     p0_min_attainment: float = 0.95
     p1_wait_ratio: float = 0.8
     p1_min_attainment: float = 0.90
-    quiet_ratio: float = 0.1
+    quiet_ratio: float = 0.25  # a P0 P95 TTFT of 0.125 s against a 0.5 s SLA
     step: int = 1  # the fewest replicas a scale-out adds
     drain_s: float = 5.0  # a scale-out sizes the fleet to drain the backlog within this
 
@@ -60,10 +69,20 @@ def _at_risk(m: Mapping[str, float], k: str, ratio: float, attainment: float) ->
     return m.get(f"{k}_wait_ratio", 0.0) >= ratio or m.get(f"{k}_sla_attainment", 1.0) < attainment
 
 
+def held(ms: list[Mapping[str, float]], k: str) -> tuple[float, float]:
+    """Class `k`'s backlog held at the ingress: (requests, the oldest's wait ratio). Every
+    replica exports the same fleet-wide figures, each from its last board reply (and averaged
+    by Serve over its look-back): the largest of them, the freshest of a growing backlog."""
+    count = max((m.get(f"{k}_held", 0.0) for m in ms), default=0.0)
+    ratio = max((m.get(f"{k}_held_wait_ratio", 0.0) for m in ms), default=0.0)
+    return count, ratio
+
+
 def scale_out_by(ms: list[Mapping[str, float]], k: str, current: int, cfg: ScaleConfig) -> int:
     """Replicas to add for class `k` at risk (see the module docstring): enough that the
-    replicas serving (`ms`) and the new ones drain its backlog within ``drain_s``."""
-    backlog = sum(m.get(f"{k}_waiting", 0.0) for m in ms)
+    replicas serving (`ms`) and the new ones drain its backlog -- waiting at the replicas and
+    held at the ingress -- within ``drain_s``."""
+    backlog = sum(m.get(f"{k}_waiting", 0.0) for m in ms) + held(ms, k)[0]
     rates = [r for m in ms if (r := m.get(f"{k}_served_per_s", 0.0)) > 0]
     if backlog <= 0 or not rates:
         return cfg.step
@@ -79,16 +98,15 @@ def desired_replicas(
     if not per_replica:
         return current, "no-metrics"
     ms = list(per_replica.values())
-    if any(_at_risk(m, "p0", cfg.p0_wait_ratio, cfg.p0_min_attainment) for m in ms):
+    p0 = any(_at_risk(m, "p0", cfg.p0_wait_ratio, cfg.p0_min_attainment) for m in ms)
+    if p0 or held(ms, "p0")[1] >= cfg.p0_wait_ratio:
         return current + scale_out_by(ms, "p0", current, cfg), "p0-at-risk"
     p1 = sum(_at_risk(m, "p1", cfg.p1_wait_ratio, cfg.p1_min_attainment) for m in ms)
-    if 2 * p1 > len(ms):
+    if 2 * p1 > len(ms) or held(ms, "p1")[1] >= cfg.p1_wait_ratio:
         return current + scale_out_by(ms, "p1", current, cfg), "p1-at-risk"
     quiet = all(
-        m.get(f"{k}_wait_ratio", 0.0) < cfg.quiet_ratio and m.get(f"{k}_waiting", 0.0) == 0
-        for m in ms
-        for k in ("p0", "p1")
-    )
+        m.get(f"{k}_wait_ratio", 0.0) < cfg.quiet_ratio for m in ms for k in ("p0", "p1")
+    ) and not any(held(ms, k)[0] for k in ("p0", "p1"))
     if quiet and current > 1:
         return current - 1, "quiet"
     return current, "steady"

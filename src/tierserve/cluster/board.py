@@ -1,6 +1,7 @@
 """The fleet board as a Ray Serve deployment (one replica): engine replicas push their load and
-metrics, the ingress pulls the view (fleet.py). Its methods are coroutines, so they all run on
-the replica's one event loop and never race on the board's state."""
+metrics and get the ingress's held backlog back; the ingress pushes that backlog and pulls the
+view (fleet.py). Its methods are coroutines, so they all run on the replica's one event loop
+and never race on the board's state."""
 
 from __future__ import annotations
 
@@ -20,8 +21,14 @@ class Board:
         load: dict[str, Any],
         metrics: str | None,
         signals: dict[str, float] | None = None,
-    ) -> None:
-        self._board.report(replica_id, load, metrics, time.monotonic(), signals)
+    ) -> dict[str, float]:
+        """An engine replica's report; the reply is the ingress's held backlog."""
+        now = time.monotonic()
+        self._board.report(replica_id, load, metrics, now, signals)
+        return self._board.held(now)
+
+    async def report_held(self, ingress_id: str, held: dict[str, float]) -> None:
+        self._board.report_held(ingress_id, held, time.monotonic())
 
     async def leave(self, replica_id: str) -> None:
         self._board.leave(replica_id)

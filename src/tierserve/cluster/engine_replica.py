@@ -7,10 +7,11 @@ the event loop as one immutable ``_Report`` by a reference swap:
 
 * ``record_routing_stats`` (Ray Serve polls it for the request router): ``ReplicaStats``;
 * ``record_autoscaling_stats`` (Ray Serve's autoscaler): per-class wait ratio and SLA
-  attainment (``signals.py``);
+  attainment (``signals.py``), and the ingress's held backlog, as the fleet board last
+  replied to this replica's report (the same fleet-wide figures on every replica);
 * to the fleet board, pushed every ``report_period_s``: the queue load the ingress's admission
   control reads (with ``--sla-admission on``, the TTFT predictor's inputs too), the same
-  autoscaling signals, and, about once a second, the replica's Prometheus text.
+  autoscaling metrics, and, about once a second, the replica's Prometheus text.
 
 ``generate`` streams a request's chunks (wire.py): ``hello`` first (this replica and the reason
 the router chose it), then the engine's deltas. A cancelled stream (the ingress gave up, the
@@ -32,7 +33,7 @@ from ray import serve
 
 from tierserve.cluster import wire
 from tierserve.cluster.fleet import ReplicaLoad
-from tierserve.cluster.signals import WINDOW_S, ClassSignals, ClassWindow
+from tierserve.cluster.signals import WINDOW_S, ClassSignals, ClassWindow, with_held
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.async_engine import AsyncEngine, EngineDeadError
 from tierserve.engine.builder import build_engine_off_main
@@ -95,6 +96,7 @@ class EngineReplica:
         self.engine.start()
         self._board = board
         self._period = report_period_s
+        self._held: dict[str, float] = {}  # the board's last reply (event loop only)
         self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
         log.info("engine replica %s ready", self.replica_id)
 
@@ -132,7 +134,11 @@ class EngineReplica:
         return self.report.stats.to_dict()
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
-        return self.report.signals.autoscaling_metrics()
+        return self._autoscaling_metrics()
+
+    def _autoscaling_metrics(self) -> dict[str, float]:
+        """This replica's class signals and the ingress's held backlog (signals.py)."""
+        return with_held(self.report.signals, self._held)
 
     async def check_health(self) -> None:
         if not self.engine.is_alive():
@@ -181,13 +187,13 @@ class EngineReplica:
             if now - last_metrics >= METRICS_EVERY_S:
                 text, last_metrics = self.metrics.render().decode(), now
             try:
-                report = self.report
-                await self._board.report.remote(
+                held = await self._board.report.remote(
                     self.replica_id,
-                    report.load.to_dict(),
+                    self.report.load.to_dict(),
                     text,
-                    report.signals.autoscaling_metrics(),
+                    self._autoscaling_metrics(),
                 )
+                self._held = dict(held or {})  # a new dict: a reference swap
             except Exception as exc:  # the board restarting: report again next period
                 log.warning("fleet board report failed: %r", exc)
                 last_metrics = 0.0

@@ -5,6 +5,10 @@ times a second, and their Prometheus text about once a second. The ingress pulls
 ``FleetView`` from the board a few times a second and reads only that: admission control's
 cluster-wide queue view and ``/metrics`` both come from it.
 
+The ingress pushes its held backlog (``--ingress-queue on``: requests bound to no replica yet);
+the board hands the fleet's back to every replica with its report's reply, for the replica's
+autoscaling metrics (signals.py).
+
 A replica that stops reporting for ``expire_s`` (killed, crashed, scaled in) drops out of the
 view; the requests it had served stay counted (``retired``), so the cluster's cumulative served
 counts never go back -- admission's drain-rate meters need them monotonic. Serve gives a
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tierserve.admission.ttft import Load
+from tierserve.cluster.signals import merge_held
 from tierserve.engine.snapshot import EngineSnapshot
 from tierserve.priority import NUM_PRIORITIES
 
@@ -92,6 +97,7 @@ class FleetBoard:
         self.expire_s = expire_s
         self._entries: dict[str, _Entry] = {}
         self._retired = (_Z, _Z)  # served requests and tokens of replicas gone
+        self._held: dict[str, tuple[dict[str, float], float]] = {}  # ingress -> (held, seen)
 
     def report(
         self,
@@ -106,6 +112,18 @@ class FleetBoard:
         e = self._entries.get(replica_id)
         text = metrics if metrics is not None else (e.metrics if e else "")
         self._entries[replica_id] = _Entry(ReplicaLoad.from_dict(load), now, text, signals or {})
+
+    def report_held(self, ingress_id: str, held: dict[str, float], now: float) -> None:
+        """An ingress replica's held backlog (signals.py ``held_metrics``)."""
+        self._held[ingress_id] = (dict(held), now)
+
+    def held(self, now: float) -> dict[str, float]:
+        """The fleet's held backlog: the live ingress replicas' reports merged (one silent for
+        ``expire_s`` is gone); every class at zero with none. The engine replicas get it back
+        with each report and export it for the autoscaler."""
+        for iid in [i for i, (_, seen) in self._held.items() if now - seen > self.expire_s]:
+            del self._held[iid]
+        return merge_held(h for h, _ in self._held.values())
 
     def leave(self, replica_id: str) -> None:
         """A replica shutting down (or found dead) leaves; its served counts are kept."""
@@ -128,6 +146,7 @@ class FleetBoard:
                 for rid, e in sorted(self._entries.items())
             },
             "retired": [list(self._retired[0]), list(self._retired[1])],
+            "held": self.held(now),
         }
 
 

@@ -3,7 +3,9 @@ resolution, admission, OpenAI routes, SSE) over a ``RemoteEngine`` instead of a 
 
 It holds no model: the tokenizer, the request limits and the EOS ids come from an engine
 replica's ``spec`` when the ingress starts. A background task pulls the fleet board's view
-every ``view_period_s`` and hands it to the RemoteEngine whole.
+every ``view_period_s`` and hands it to the RemoteEngine whole; with the ingress queue on, it
+first pushes the queue's held backlog (signals.py ``held_metrics``), which the board passes on
+to the engine replicas for the autoscaler.
 
 Rate limits are split across ingress replicas: with K ingress replicas, each holds every token
 bucket (global, per-tenant default, each tenant's own) at rate/K and burst/K. Ray Serve's proxy
@@ -133,6 +135,8 @@ class Ingress:
         )
         self._board = board
         self._period = view_period_s
+        self._id = serve.get_replica_context().replica_id.unique_id
+        self._slas = args.priorities.ttft_sla_s
         await self._refresh()
         self._poller = asyncio.get_running_loop().create_task(self._poll())
 
@@ -148,6 +152,9 @@ class Ingress:
         return app
 
     async def _refresh(self) -> None:
+        queue = self.remote.queue
+        if queue is not None:  # the held backlog, for the engine replicas' autoscaling stats
+            await self._board.report_held.remote(self._id, queue.held_metrics(self._slas))
         view = FleetView.from_dict(await self._board.view.remote(), time.monotonic())
         self.remote.set_view(view)
         self.remote.metrics.replicas.set(view.num_replicas)

@@ -28,6 +28,9 @@ per round: a fair share of the seats by request), first come first served within
 * **Bounded** by admission's queue limits: a request held here is one no replica has
   acknowledged, which the ingress's queue view counts as waiting (``RemoteEngine``), so a
   full class is refused with 503 and Retry-After before it gets here.
+* **Seen by the autoscaler**: ``held_metrics`` (per class, how many wait here and the
+  oldest's wait over the class's SLA), which the ingress pushes to the fleet board for the
+  engine replicas to export with their own autoscaling signals (cluster/signals.py).
 * **A client that leaves** cancels its stream's task, which takes its entry out at once: no
   dead work is ever sent. A replica that dies changes nothing for requests waiting here (they
   are bound to none); its seats leave the view with it.
@@ -42,9 +45,11 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tierserve.cluster.fleet import FleetView
+from tierserve.cluster.signals import held_metrics
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.routing.late_binding import BATCH_CLASSES, WaitQueue, batch_room, class_room
 
@@ -58,6 +63,7 @@ class _Entry:
     tenant: str
     turn: asyncio.Future = field(repr=False)
     prompt_tokens: int = 0
+    since: float = 0.0  # when it began to wait here
 
 
 class IngressQueue:
@@ -75,6 +81,11 @@ class IngressQueue:
     def depth(self, priority: Priority | None = None) -> int:
         """Requests waiting here (of `priority`, or all)."""
         return self._waiting.depth(priority)
+
+    def held_metrics(self, slas: Sequence[float | None]) -> dict[str, float]:
+        """What waits here, as the autoscaler reads it (signals.py ``held_metrics``): per
+        class, the requests and the oldest one's wait over its class's SLA (`slas`)."""
+        return held_metrics(*self._waiting.backlog(lambda e: e.since, self._now()), slas)
 
     def room(self, priority: Priority) -> int:
         """Requests of `priority` the fleet could start now, as far as this ingress can tell:
@@ -127,7 +138,8 @@ class IngressQueue:
         if self._waiting.may_go_now(priority, room):
             self._note_sent(priority, prompt_tokens)
             return
-        entry = _Entry(tenant, asyncio.get_running_loop().create_future(), prompt_tokens)
+        turn = asyncio.get_running_loop().create_future()
+        entry = _Entry(tenant, turn, prompt_tokens, self._now())
         self._waiting.push(priority, tenant, entry)
         if priority in BATCH_CLASSES:
             self._dispatch()  # a replica may batch it now

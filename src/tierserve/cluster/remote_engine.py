@@ -282,7 +282,9 @@ class RemoteEngine:
 
     async def _attempt(self, stream: RemoteStream, avoid: list[str]) -> BaseException | None:
         """Stream one try; None when it finished, the failure when its replica failed."""
-        payload = wire.request_payload(stream.request, stream.route, tuple(avoid))
+        payload = wire.request_payload(
+            stream.request, stream.route, tuple(avoid), now=self.clock.now()
+        )
         gen = self._open_stream(payload)
         try:
             async for chunk in gen:

@@ -14,11 +14,21 @@ re-check, failed, or its client gave up): a miss. A request that ends without a 
 SLA passed gives no verdict. A class's *served rate* is its first tokens per second over the
 window (over the replica's life while that is shorter, at least 1 s): what the replica drains
 of that class's queue, which the autoscaler sizes a scale-out by (autoscale.py).
+
+The ingress's *held backlog* (``--ingress-queue on``: requests that found no room anywhere in
+the fleet and wait at the ingress, bound to no replica) is invisible to every replica's window.
+``held_metrics`` turns it into the same kind of flat floats: per class, the requests held and
+the oldest one's wait over the class's SLA. The ingress pushes them to the fleet board; the
+board hands the fleet's sum (``merge_held``: over ingress replicas) back to every engine replica
+with its report's reply, and each replica exports them with its own signals, so the
+autoscaling policy reads both in one context (autoscale.py). The simulated fleet adds the same
+figures to every replica's metrics.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tierserve.priority import NUM_PRIORITIES, Priority
@@ -51,6 +61,38 @@ class ClassSignals:
             out[f"{k}_waiting"] = float(self.waiting[p])
             out[f"{k}_served_per_s"] = float(self.served_per_s[p])
         return out
+
+
+def held_metrics(
+    held: Sequence[int], oldest_s: Sequence[float], slas: Sequence[float | None]
+) -> dict[str, float]:
+    """The ingress's held backlog as autoscaling metrics (see the module docstring): per class
+    ``pN_held`` (requests held) and ``pN_held_wait_ratio`` (the oldest one's wait / the class's
+    TTFT SLA; 0 without an SLA). `held`, `oldest_s`: ``WaitQueue.backlog``'s two tuples."""
+    out: dict[str, float] = {}
+    for p in Priority:
+        k, sla = p.label.lower(), slas[p]
+        out[f"{k}_held"] = float(held[p])
+        out[f"{k}_held_wait_ratio"] = max(0.0, oldest_s[p]) / sla if sla and held[p] else 0.0
+    return out
+
+
+def with_held(signals: ClassSignals, held: Mapping[str, float]) -> dict[str, float]:
+    """A replica's autoscaling metrics: its own class signals and the ingress's held backlog
+    (the board's last reply; the simulated fleet's ingress queue)."""
+    return {**signals.autoscaling_metrics(), **held}
+
+
+def merge_held(reports: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Several ingress replicas' ``held_metrics`` as the fleet's: the held requests summed, the
+    wait ratio the largest."""
+    zero = (0,) * NUM_PRIORITIES
+    out = held_metrics(zero, zero, (None,) * NUM_PRIORITIES)  # every key, with none held
+    for r in reports:
+        for name, v in r.items():
+            if name in out:
+                out[name] = out[name] + v if name.endswith("_held") else max(out[name], v)
+    return out
 
 
 class ClassWindow:

@@ -1,7 +1,10 @@
 """What travels between the ingress and an engine replica: plain, picklable dicts.
 
 A request goes out as a *payload* (``request_payload``): the frozen ``EngineRequest``'s fields,
-its deadline relative to its arrival (clocks differ between processes), and a ``route`` dict that
+its deadline relative to its arrival and the time it has already waited (clocks differ between
+processes: the replica rebases both on its own, so time spent at the ingress -- held by the
+ingress queue, or on a first try at a replica that died -- still counts against its SLA and in
+its class's wait signals), and a ``route`` dict that
 the request router reads: the ``RouteRequest`` computed at the ingress, replicas to avoid (a
 retry after a replica died), an optional pin, and -- written by the router itself -- the
 ranking it chose from, so the replica can report why it was picked.
@@ -36,9 +39,11 @@ def request_payload(
     route: RouteRequest,
     avoid: tuple[str, ...] = (),
     pin: str | None = None,
+    now: float | None = None,
 ) -> dict[str, Any]:
     """`req` as plain data: every field, except that the sampling parameters go as their
-    constructor arguments and the deadline relative to the arrival."""
+    constructor arguments, the deadline relative to the arrival, and the arrival as the time
+    waited by `now` (the sender's clock, the one of `req.arrival_time`; None: not waited)."""
     out: dict[str, Any] = {
         f.name: getattr(req, f.name) for f in dataclasses.fields(req) if f.name not in _CONVERTED
     }
@@ -47,6 +52,7 @@ def request_payload(
         "priority": int(req.priority),
         "sampling": sampling_payload(req.sampling_params),
         "deadline_in_s": None if req.deadline is None else req.deadline - req.arrival_time,
+        "waited_s": 0.0 if now is None else max(0.0, now - req.arrival_time),
         "route": {
             "priority": int(route.priority),
             "prompt_tokens": route.prompt_tokens,
@@ -76,14 +82,16 @@ def sampling_from_payload(d: dict[str, Any]) -> SamplingParams:
 
 
 def request_from_payload(p: dict[str, Any], now: float) -> EngineRequest:
-    """The EngineRequest on the replica, arriving at the replica's `now`."""
+    """The EngineRequest on the replica, whose clock reads `now`: it arrived as long before as
+    it had waited when it was sent."""
     deadline = p["deadline_in_s"]
+    arrival = now - float(p.get("waited_s") or 0.0)
     kw = {f.name: p[f.name] for f in dataclasses.fields(EngineRequest) if f.name not in _CONVERTED}
     return EngineRequest(
         **kw,
         sampling_params=sampling_from_payload(p["sampling"]),
-        arrival_time=now,
-        deadline=None if deadline is None else now + deadline,
+        arrival_time=arrival,
+        deadline=None if deadline is None else arrival + deadline,
     )
 
 

@@ -101,6 +101,19 @@ class WaitQueue(Generic[T]):
         """Class `priority`'s waiting items (tenant by tenant)."""
         return [x for q in self._queues[priority].values() for x in q]
 
+    def backlog(
+        self, since: Callable[[T], float], now: float
+    ) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """Per class (P0..P3): items waiting, and how long the oldest has waited at `now`
+        (`since(item)`: when it began to wait; 0.0 for a class with none). The autoscaler
+        reads the held backlog so (cluster/signals.py ``held_metrics``)."""
+        counts, oldest = [], []
+        for c in map(Priority, range(NUM_PRIORITIES)):
+            items = self.items(c)
+            counts.append(len(items))
+            oldest.append(max((now - since(x) for x in items), default=0.0))
+        return tuple(counts), tuple(oldest)
+
     def nobody_before(self, priority: Priority) -> bool:
         """No request of `priority` or a more urgent class waits (P0 never does)."""
         return all(not self._queues[c] for c in range(1, int(priority) + 1))

@@ -33,6 +33,10 @@ class SimTotals:
     flops: float = 0.0
     bytes: float = 0.0
     swap_s: float = 0.0
+    # Preemption by recompute: tokens computed again after their KV was dropped, and what they
+    # added to their steps (each step priced with and without them).
+    recompute_tokens: int = 0
+    recompute_s: float = 0.0
     steps: int = 0
 
 
@@ -58,6 +62,9 @@ class SimExecutor:
         # samples SIM_EOS (the workload's draw; sim/heavy_tail.py). Absent: SIM_TOKEN forever.
         self.output_lengths: dict[str, int] = {}
         self._generated: dict[str, int] = {}
+        # Request id -> the most tokens it ever had computed: below it, a resumed request's
+        # prefill is recomputation (a prefix-cache hit on resumption is not: it starts past it).
+        self._high: dict[str, int] = {}
 
     def preemption_costs(self) -> PreemptionCosts:
         return PreemptionCosts(
@@ -70,25 +77,37 @@ class SimExecutor:
         for rid in out.finished_req_ids | out.preempted_req_ids:
             self.states.pop(rid, None)
             self.classes.pop(rid, None)
+        for rid in out.finished_req_ids:
+            self._high.pop(rid, None)
         for new in out.scheduled_new:
             self.states[new.request_id] = _State(len(new.token_ids), new.num_computed_tokens)
             self.classes[new.request_id] = new.priority
         chunks, sampled, accepted, rows = [], [], {}, 0
+        fresh, recomputed = [], 0  # the chunks without recomputed tokens, and those tokens
         for rid, n in out.num_scheduled_tokens.items():
             st = self.states[rid]
             k = len(out.spec_token_ids.get(rid, ()))
+            again = max(0, min(st.num_computed + n, self._high.get(rid, 0)) - st.num_computed)
             st.num_computed += n
             chunks.append((n, st.num_computed))
+            recomputed += again
+            if n > again:
+                fresh.append((n - again, st.num_computed))
             if k:
                 a = self._accepted(rid, k)
                 accepted[rid] = [SIM_TOKEN] * a
                 st.num_computed -= k - a
                 st.num_tokens += a
                 rows += k
+            self._high[rid] = max(self._high.get(rid, 0), st.num_computed)
             if st.num_computed == st.num_tokens:
                 sampled.append(rid)
                 st.num_tokens += 1
         step = self.cost.step(chunks, len(sampled) + rows)
+        if recomputed:
+            without = self.cost.step(fresh, len(sampled) + rows).seconds if fresh else 0.0
+            self.totals.recompute_tokens += recomputed
+            self.totals.recompute_s += step.seconds - without
         swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
         swap_s = self.cost.swap_seconds(swapped, self.block_size) if swapped else 0.0
         seconds = step.seconds + swap_s

@@ -19,7 +19,7 @@ from tierserve.admission import AdmissionController
 from tierserve.admission.ttft import Load
 from tierserve.clock import ManualClock
 from tierserve.cluster.fleet import ReplicaLoad
-from tierserve.cluster.signals import ClassWindow
+from tierserve.cluster.signals import ClassWindow, held_metrics, with_held
 from tierserve.config import AdmissionConfig, PriorityConfig
 from tierserve.engine.core import EngineCore
 from tierserve.engine.load import measure_load
@@ -247,8 +247,12 @@ class FleetDriver:
                 r.state, r.gone_at = "gone", max(t, r.engine.clock.now())
         serving = self.routable()
         current = len(serving) + sum(r.state == "starting" for r in self.replicas)
+        # Every replica also carries the ingress's held backlog, as a cluster replica learns
+        # it from the fleet board (cluster/signals.py).
+        slas = self.opt.priorities.ttft_sla_s
+        held = held_metrics(*self.held.backlog(lambda h: h.req.arrival_time, t), slas)
         metrics = {
-            r.replica_id: r.window.summary(t).autoscaling_metrics()
+            r.replica_id: with_held(r.window.summary(t), held)
             for r in serving
             if r.window is not None
         }

@@ -5,6 +5,8 @@ issue 24's simulated targets and one table of every run (runs are named by their
 from __future__ import annotations
 
 EXPERIMENTS = ("admission", "queue", "autoscale")
+# The autoscaling experiment's two runs (sim/scenarios.py names them).
+FIXED_LABEL, AUTOSCALE_LABEL = "autoscale: fixed 16, queue on", "autoscale: 4:16, queue on"
 
 
 def _runs(results: list[dict]) -> dict[str, dict]:
@@ -69,7 +71,7 @@ def _queue(runs: dict[str, dict]) -> list[tuple[str, bool, str]]:
 
 
 def _autoscale(runs: dict[str, dict]) -> list[tuple[str, bool, str]]:
-    fixed, auto = runs.get("autoscale: fixed 16"), runs.get("autoscale: 4:16")
+    fixed, auto = runs.get(FIXED_LABEL), runs.get(AUTOSCALE_LABEL)
     if not (fixed and auto):
         return []
     a, f = auto["replica_seconds_per_on_time_p0_p1"], fixed["replica_seconds_per_on_time_p0_p1"]

@@ -65,10 +65,12 @@ class ScaleDecision:
 
 
 class Scaler:
-    """The autoscaling loop's state: pending direction since when, and every decision made."""
+    """The autoscaling loop's state: pending direction since when, and every decision made.
+    `decide`: the policy (the cluster's ``desired_replicas``; a benchmark may try another)."""
 
-    def __init__(self, cfg: AutoscaleConfig) -> None:
+    def __init__(self, cfg: AutoscaleConfig, decide=desired_replicas) -> None:
         self.cfg = cfg
+        self.decide = decide
         self._since: tuple[int, float] | None = None  # (direction, since when)
         self.decisions: list[ScaleDecision] = []
         self.reasons: dict[str, int] = {}
@@ -77,7 +79,7 @@ class Scaler:
         """The change in replicas to apply now (0: none), from the routable replicas'
         autoscaling metrics and the current count (starting replicas included)."""
         cfg = self.cfg
-        wanted, why = desired_replicas(metrics, current, cfg.rule)
+        wanted, why = self.decide(metrics, current, cfg.rule)
         wanted = max(cfg.min_replicas, min(cfg.max_replicas, wanted))
         self.reasons[why] = self.reasons.get(why, 0) + 1
         direction = (wanted > current) - (wanted < current)

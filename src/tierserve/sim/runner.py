@@ -23,7 +23,7 @@ from tierserve.engine.load import CoreQueueView, LateRequestCheck
 from tierserve.priority import Priority
 from tierserve.sim.cost_model import CostModel
 from tierserve.sim.driver import DriveResult, SlaClients, drive
-from tierserve.sim.executor import SimExecutor, sim_drafter
+from tierserve.sim.executor import SimExecutor, SimTotals, sim_drafter
 from tierserve.sim.profiles import load_hardware, load_model_profile
 from tierserve.sim.stats import run_stats
 from tierserve.sim.workload import Workload, WorkloadConfig, make_workload
@@ -190,6 +190,7 @@ def run_simulation(
             "in": sched.preemptions.swapped_in_blocks,
             "out": sched.preemptions.swapped_out_blocks,
         },
+        preemption_time=preemption_time(ex.totals),
         p0_express_steps=sched.express_steps,
         speculation=asdict(sched.speculation.counts) if sched.speculation else None,
         predictor_error=sched.predictor.error_stats(),
@@ -221,6 +222,17 @@ def run_simulation(
     if keep_records:
         out["records"] = result.records
     return out
+
+
+def preemption_time(t: SimTotals) -> dict:
+    """What preemption cost the whole run, in simulated seconds: swap copies (both ways) and the
+    steps' extra time for recomputed tokens."""
+    return {
+        "swap_s": round(t.swap_s, 3),
+        "recompute_s": round(t.recompute_s, 3),
+        "recompute_tokens": t.recompute_tokens,
+        "total_s": round(t.swap_s + t.recompute_s, 3),
+    }
 
 
 def with_speculation(configs: list, raw: str | None, acceptance: list[float]) -> list:

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from tierserve.routing import ROUTER_NAMES
 from tierserve.sim.fleet import FleetConfig, run_fleet
+from tierserve.sim.fleet_ingress_report import AUTOSCALE_LABEL, FIXED_LABEL
 from tierserve.sim.fleet_scale import AutoscaleConfig
 from tierserve.sim.runner import SimConfig, run_simulation
 from tierserve.sim.workload import WorkloadConfig
@@ -90,7 +91,9 @@ def fleet_configs(
 #   admission;
 # * the ingress queue: closed loop at 128 clients per replica (two per seat), off and on;
 # * autoscaling: a 35 s peak at 0.8 x the fleet's capacity between quiet spells at 0.15 x; a
-#   fixed fleet of 16 (sized for the peak) against the autoscaler between 4 and 16.
+#   fixed fleet of 16 (sized for the peak) against the autoscaler between 4 and 16, both with
+#   the ingress queue on: late binding keeps a backlog at the ingress, where the autoscaler
+#   reads it and whichever replica frees a seat first, a new one too, takes it.
 INGRESS_BASE = replace(
     FLEET_BASE,
     max_num_seqs=64,
@@ -102,7 +105,11 @@ ADMISSION_S = 40.0
 PEAK_PROFILE = ((0.0, 0.15), (15.0, 0.8), (50.0, 0.15))
 
 
-def fleet_ingress_configs(base: SimConfig = INGRESS_BASE) -> list[FleetConfig]:
+def fleet_ingress_configs(
+    base: SimConfig = INGRESS_BASE, experiments: tuple[str, ...] = ()
+) -> list[FleetConfig]:
+    """The scenario's runs; `experiments`: only those (by name: admission, queue, autoscale;
+    the label's part before the colon), every one when empty."""
     w = base.workload
     over = replace(w, arrival="poisson", rate=OVERLOAD_RPS, duration_s=ADMISSION_S)
     closed = replace(w, concurrency=FLEET_REPLICAS * 2 * base.max_num_seqs)
@@ -112,20 +119,22 @@ def fleet_ingress_configs(base: SimConfig = INGRESS_BASE) -> list[FleetConfig]:
     def run(wl, replicas=n, **kw) -> FleetConfig:
         return FleetConfig(replace(base, workload=wl), replicas, **kw)
 
-    return [
+    runs = [
         run(over, router="least-loaded", label="admission: off (least-loaded)"),
         run(over, sla_admission=True, label="admission: fleet SLA admission"),
         run(closed, label="queue: off"),
         run(closed, ingress_queue=True, label="queue: on"),
-        run(peak, rate_profile=PEAK_PROFILE, label="autoscale: fixed 16"),
+        run(peak, rate_profile=PEAK_PROFILE, ingress_queue=True, label=FIXED_LABEL),
         run(
             peak,
             4,
             rate_profile=PEAK_PROFILE,
+            ingress_queue=True,
             autoscale=AutoscaleConfig(4, n),
-            label="autoscale: 4:16",
+            label=AUTOSCALE_LABEL,
         ),
     ]
+    return [r for r in runs if not experiments or r.label.split(":")[0] in experiments]
 
 
 def with_sla_admission(base: SimConfig, on: bool = True, margin: float | None = None):
