@@ -38,6 +38,7 @@ bench() {  # label args...
   "$TS" bench serve --base-url "http://127.0.0.1:$PORT" --model smollm2 --api chat \
     --priority-via body --prompt-len 128 --ignore-eos --temperature 0 --no-progress \
     --out "$OUT/$label" --label "$label" "$@" >"$OUT/$label.log" 2>&1
+  curl -sf "http://127.0.0.1:$PORT/metrics" >"$OUT/$label-metrics.txt"  # the drafts' counters
 }
 lscpu | sed -n 's/^Model name: *//p' >"$OUT/cpu.txt"
 for mode in off on; do
@@ -76,4 +77,18 @@ if all(f.values()):
     row("flood: P0 mean TPOT", fl["off"]["p0_loaded_tpot_mean_s"], fl["on"]["p0_loaded_tpot_mean_s"], ms)
     row("flood: P0 TTFT P95", fl["off"]["p0_loaded_ttft_p95_s"], fl["on"]["p0_loaded_ttft_p95_s"], ms)
     row("flood: background tok/s", fl["off"]["background_throughput_tokens_per_s"], fl["on"]["background_throughput_tokens_per_s"], tps)
+# What the drafts did in the "on" runs (the server's counters over its life, warm-up included).
+for run in ("mixed-on", "flood-on"):
+    try:
+        text = (out / f"{run}-metrics.txt").read_text()
+    except OSError:
+        continue
+    tot = {}
+    for line in text.splitlines():
+        for name in ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"):
+            if line.startswith(name):
+                tot[name.split("_num_")[1]] = tot.get(name.split("_num_")[1], 0.0) + float(line.split()[-1])
+    if tot:
+        d, a = tot.get("draft_tokens_total", 0.0), tot.get("accepted_tokens_total", 0.0)
+        print(f"{run}: {d:.0f} draft tokens, {a:.0f} accepted ({a / d if d else 0:.2f})")
 PY
