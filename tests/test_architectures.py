@@ -44,13 +44,15 @@ COMMON = dict(
     tie_word_embeddings=False,
     initializer_range=0.2,  # peaked logits: greedy choices far from ties
 )
-# architecture -> (transformers config class, settings, the step paths it must offer)
-NO_FUSED = tuple(p for p in PATHS if p != "fused")
+# architecture -> (transformers config class, settings, the step paths it must offer); float32
+# products (build_model's default) never offer the bfloat16 GEMMs of the `bf16` path
+EXACT = tuple(p for p in PATHS if p != "bf16")
+NO_FUSED = tuple(p for p in EXACT if p != "fused")
 CASES = {
     "LlamaForCausalLM": (
         "LlamaConfig",
         dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
-        PATHS,
+        EXACT,
     ),
     "MistralForCausalLM": ("MistralConfig", dict(sliding_window=WINDOW), ("mixed", "torch")),
     "Qwen2ForCausalLM": (
@@ -229,7 +231,7 @@ def test_phi3_rotating_whole_heads_runs_fused_layers_with_longrope(tmp_path):
     whole = rope | {"partial_rotary_factor": 1.0, "short_factor": [1.0, 1.2] * 4,
                     "long_factor": [2.0, 3.0] * 4}  # fmt: skip
     hf = save_tiny(tmp_path, "Phi3ForCausalLM", rope_parameters=whole)
-    check_every_path(tmp_path, hf, PATHS)
+    check_every_path(tmp_path, hf, EXACT)
 
 
 def test_longrope_takes_the_long_factors_past_the_original_context(tmp_path):
@@ -387,3 +389,32 @@ def test_qwen_gguf_files_run_in_their_own_precision(arch, tmp_path, monkeypatch)
     scored = llm.generate(ids, SamplingParams(max_tokens=0, prompt_logprobs=0))[0]
     assert [lp for lp, _ in scored.prompt_logprobs] == pytest.approx(want_lp, abs=1e-4)
     assert llm.generate(ids, GREEDY)[0].token_ids == hf_greedy(hf, ids, NEW)
+
+
+def test_the_bf16_path_runs_biased_projections_within_bfloat16_rounding(tmp_path, monkeypatch):
+    """Qwen2's q/k/v biases (without its sliding window, so the kernels' attention applies)
+    through the ``bf16`` path, offered when reduced-precision products are allowed."""
+    from tierserve import kernels
+    from tierserve.model import base
+
+    if kernels.get() is None:
+        pytest.skip("kernels unavailable or TIERSERVE_KERNELS=off")
+    monkeypatch.setattr(base, "amx_available", lambda: True)
+    hf = save_tiny(tmp_path, "Qwen2ForCausalLM", use_sliding_window=False)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # transformers starts biases at zero: give them weight
+        for ly in hf.model.layers:
+            for proj in (ly.self_attn.q_proj, ly.self_attn.k_proj, ly.self_attn.v_proj):
+                proj.bias.copy_(torch.randn(proj.bias.shape, generator=g))
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    ids = prompt(2) + prompt(3)[:20]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    loaded = load_model(tmp_path)
+    model = registry.build_model(loaded.config, dict(loaded.weights), activations="auto")
+    assert "bf16" in model.paths(16) and model.layers[0].qkv.bias is not None
+    steps = [{"a": 30, "b": 9}, {"a": 27, "b": 31}, {"a": 1}, {"a": 1}, {"a": 1}]
+    got = run_steps(model, steps, "bf16", {"a": ids, "b": prompt(4)})
+    a_rows = torch.cat([got[:30], got[39:66], got[97:]])
+    assert 1e-4 < rel_err(a_rows, ref) < 0.05
+    assert (a_rows.argmax(-1) == ref.argmax(-1)).float().mean() > 0.95

@@ -147,6 +147,58 @@ def test_kernel_path_matches_pytorch_path_on_mixed_steps(loaded):
         assert torch.equal(results[mode].argmax(-1), ref.argmax(-1)), mode
 
 
+def test_bf16_path_tracks_the_pytorch_path_within_bfloat16_rounding(loaded):
+    """The ``bf16`` path (BLAS GEMMs in bfloat16, offered where the CPU has AMX tiles; it runs,
+    slower, on any CPU) on the same mixed steps: logits within bfloat16's rounding of the
+    reference and the same greedy token in every row; its weight copies exist only while a plan
+    uses it."""
+    from tierserve import kernels
+    from tierserve.model.plan import NEVER, StepPlan
+
+    if kernels.get() is None:
+        pytest.skip("kernels unavailable or TIERSERVE_KERNELS=off")
+    cfg, tok = loaded.config, loaded.tokenizer
+    a = chat_ids(tok, "Name three prime numbers.")
+    b = chat_ids(tok, "Why is the sky blue? Be brief.")
+    steps = [{"a": len(a) - 4, "b": 9}, {"a": 1, "b": len(b) - 9}] + [{"a": 1, "b": 1}] * 3
+    results = {}
+    for path in ("torch", "bf16"):
+        model = LlamaForCausalLM(cfg, dict(loaded.weights), kernels=path != "torch")
+        ex = TorchExecutor(model, num_blocks=16, block_size=16, measure=False)
+        ex.add_state("a", RequestState(list(a), len(a), list(range(0, 8)), 0, GREEDY))
+        ex.add_state("b", RequestState(list(b), len(b), list(range(8, 16)), 0, GREEDY))
+        results[path] = run_path(model, ex, steps, path)
+    ref, got = results["torch"], results["bf16"]
+    assert 1e-4 < rel_err(got, ref) < 0.05  # bfloat16's 8-bit mantissa, not float32's
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    layers = 4 * cfg.num_layers
+    assert sum(lin.bf16_t is not None for lin in model.layer_linears()) == layers
+    model.use_plan(StepPlan(((NEVER, "kernel"),)))
+    assert model.bf16_bytes() == 0
+    model.use_plan(StepPlan(((64, "fused"), (NEVER, "bf16"))))
+    assert model.bf16_bytes() == 2 * sum(
+        lin.in_features * lin.out_features for lin in model.layer_linears()
+    )
+
+
+def test_the_bf16_path_is_offered_only_where_amx_is_and_reduced_precision_allowed(
+    loaded, monkeypatch
+):
+    from tierserve import kernels
+    from tierserve.model import base
+
+    if kernels.get() is None:
+        pytest.skip("kernels unavailable or TIERSERVE_KERNELS=off")
+    model = LlamaForCausalLM(loaded.config, dict(loaded.weights), activations="auto")
+    monkeypatch.setattr(base, "amx_available", lambda: False)
+    assert "bf16" not in model.paths(16)
+    monkeypatch.setattr(base, "amx_available", lambda: True)
+    assert "bf16" in model.paths(16)
+    assert model.default_plan(16).table[0][1] == "fused"  # measured, never the default
+    exact = LlamaForCausalLM(loaded.config, dict(loaded.weights), activations="float32")
+    assert "bf16" not in exact.paths(16)  # float32 products asked for: no bfloat16 GEMMs
+
+
 def test_chat_answer_names_paris(llm):
     out = llm.generate(
         [{"role": "user", "content": "What is the capital of France?"}],

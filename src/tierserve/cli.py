@@ -55,6 +55,10 @@ def _bench_quality(args: argparse.Namespace) -> int:
     rows = [measure(q, args.max_tokens) for q in args.quantization]
     for p in args.products:  # the quantized ones again with these products
         rows += [measure(q, args.max_tokens, p) for q in args.quantization if q != "none"]
+    for path in args.step_path:  # the quantized ones again, every step through this path
+        rows += [
+            measure(q, args.max_tokens, "auto", path) for q in args.quantization if q != "none"
+        ]
     print(format_table(rows))
     if args.show_answers:
         for r in rows:
@@ -183,6 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--max-tokens", type=int, default=48)
     q.add_argument("--show-answers", action="store_true")
     q.add_argument("--products", nargs="*", default=[], choices=["bfloat16", "int8"])
+    q.add_argument(
+        "--step-path",
+        nargs="*",
+        default=[],
+        choices=["fused", "kernel", "blas", "bf16", "mixed"],
+        help="the quantized ones again with auto products, every step through this path "
+        "(bf16: worst case; served, only the step sizes where the plan measured it fastest)",
+    )
     q.set_defaults(func=_bench_quality)
 
     from tierserve.simulate_cli import add_simulate_arguments, simulate

@@ -71,19 +71,26 @@ class QualityRow:
     answers: list[str]
 
 
-def measure(quantization: str, max_tokens: int = 48, activations: str = "float32") -> QualityRow:
+def measure(
+    quantization: str, max_tokens: int = 48, activations: str = "float32", path: str | None = None
+) -> QualityRow:
+    """`path`: every step through that step path (`model/plan.py`), else the default plan."""
     from tierserve.llm import LLM
+    from tierserve.model.plan import NEVER, StepPlan
     from tierserve.sampling_params import SamplingParams
 
     llm = LLM(
         quantization=quantization, activations=activations, kv_cache_gib=0.1, measure_costs=False
     )
     model = llm.executor.model
+    if path is not None:
+        llm.executor.plan = StepPlan(((NEVER, path),), f"--step-path {path}")
+        model.use_plan(llm.executor.plan)
     ppl = perplexity(model, llm.tokenizer.encode(quality_text()), plan=llm.executor.plan)
     msgs = [[{"role": "user", "content": p}] for p in quality_prompts()]
     outs = llm.generate(msgs, SamplingParams(temperature=0.0, max_tokens=max_tokens))
     products = next((p for p in ("bf16", "int8") if f"{p} products" in model.weights_summary), None)
-    label = quantization + (f"+{products}" if products else "")
+    label = quantization + (f"+{products}" if products else "") + (f"@{path}" if path else "")
     return QualityRow(label, model.weights_summary, ppl, [o.text for o in outs])
 
 

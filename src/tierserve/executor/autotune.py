@@ -3,7 +3,9 @@
 A kernel tuned on one CPU was 1.5x slower than the library path on the next (an Intel Xeon
 where MKL runs its AVX-512 code, against the AMD EPYC where the kernels were written), so
 nothing is assumed: at first start the executor times a real forward pass of the loaded model
-through every path of `model/plan.py` that applies, at a few step sizes, in its own KV cache
+through every path of `model/plan.py` that applies (``bf16`` only where the CPU has AMX tiles:
+the model then holds bfloat16 copies of its layers' weights while measuring, and keeps them
+only if the plan uses the path), at a few step sizes, in its own KV cache
 (before any request holds a block), and keeps the fastest path per size:
 
 * decode-shaped steps of 1, 4, 16 and 64 requests (one new token each, 128 tokens of context);
@@ -65,7 +67,7 @@ def plan_key(executor) -> str:
             m.weights_summary,
             executor.block_size,
             str(m.dtype),
-            "v3",  # v2: the kernels' own threads; fused timed at every size; v3: warm-up
+            "v4",  # v2: kernels own threads, fused at every size; v3: warm-up; v4: bf16 path
         ],
         sort_keys=True,
         default=str,

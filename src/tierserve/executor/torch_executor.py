@@ -118,6 +118,7 @@ class TorchExecutor:
         self._costs = self._measure() if measure else None
         if measure:  # the fastest path per step size, measured once per machine and model
             self.plan = load_or_measure(self)
+        model.use_plan(self.plan)
 
     # -- cost figures for preemption -------------------------------------------------------
     def preemption_costs(self) -> PreemptionCosts | None:

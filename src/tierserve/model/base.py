@@ -12,6 +12,8 @@ The contract:
 * ``paths(block_size)`` / ``default_plan(block_size)``: the step paths this model can run here
   (`model/plan.py`), and the plan before measurement; ``backend(path)``: the attention backend
   that builds a step's metadata for that path;
+* ``use_plan(plan)``: told the executor's plan once it is known (a model may make or free what
+  a path needs: the decoder's bfloat16 weight copies for ``bf16``);
 * ``kv_cache_shape(num_blocks, block_size)``: one layer's K (or V) cache;
 * ``weight_bytes()``, ``weights_summary``, ``config``, ``kernels``, ``dtype``, ``device``.
 """
@@ -33,8 +35,23 @@ from tierserve.model.config import ModelConfig
 from tierserve.model.plan import NEVER, PATHS, TORCH_ONLY, StepPlan, uses_kernel_attention
 
 
+def amx_available() -> bool:
+    """torch's CPU matmuls can run on AMX tiles here (the CPU has them and the kernel lets
+    them be used): the only CPUs where the ``bf16`` path is offered. `TIERSERVE_BF16_PATH=off`
+    withholds it."""
+    import os
+
+    if os.environ.get("TIERSERVE_BF16_PATH", "on").strip().lower() == "off":
+        return False
+    try:
+        return bool(torch.cpu._is_amx_tile_supported()) and torch.backends.mkldnn.is_available()
+    except (AttributeError, RuntimeError):
+        return False
+
+
 class CausalLM(ABC):
     weights_summary: str = ""
+    bf16_gemms = False  # the `bf16` path is offered (`use_plan` makes its weight copies)
 
     def __init__(
         self,
@@ -88,9 +105,13 @@ class CausalLM(ABC):
             return ("torch",)
         if not self.attention_supported_by_kernel(block_size):
             return ("mixed", "torch")  # kernel GEMMs, PyTorch attention
-        if not self.has_fused_layer():
-            return tuple(p for p in PATHS if p != "fused")
-        return PATHS
+        offer = self.bf16_gemms and self.device.type == "cpu" and amx_available()
+        return tuple(
+            p for p in PATHS if (p != "fused" or self.has_fused_layer()) and (p != "bf16" or offer)
+        )
+
+    def use_plan(self, plan: StepPlan) -> None:  # noqa: B027 (a hook: most models need nothing)
+        """The executor's plan, once known (measured, cached or the default)."""
 
     def default_plan(self, block_size: int) -> StepPlan:
         """The plan before (or without) measurement: the kernels wherever they apply."""

@@ -35,6 +35,7 @@ from tierserve.model.base import CausalLM
 from tierserve.model.config import ModelConfig
 from tierserve.model.layers import Rope, activation, rms_norm
 from tierserve.model.linear import Linear
+from tierserve.model.plan import StepPlan
 from tierserve.model.weights import QuantPolicy, WeightBuilder
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,9 @@ class DecoderLM(CausalLM):
         activations: str = "float32",  # the quantized kernels' products (model/weights.py)
     ) -> None:
         super().__init__(config, device, dtype, kernels)
+        # bfloat16 GEMMs (the `bf16` path) only where reduced-precision products were accepted
+        # (auto, bfloat16, int8): `--activations float32` keeps every product in float32.
+        self.bf16_gemms = activations != "float32"
         self.act = activation(config.extra.get("hidden_act", "silu"))
         self.act_name = config.extra.get("hidden_act", "silu")
         self.logit_softcap = config.extra.get("final_logit_softcapping")
@@ -147,11 +151,22 @@ class DecoderLM(CausalLM):
             layer.qk_norm = torch.cat([q.expand(c.num_heads, -1), k.expand(c.num_kv_heads, -1)])
         return layer
 
+    def layer_linears(self) -> list[Linear]:
+        return [lin for ly in self.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down)]
+
     def weight_bytes(self) -> int:
-        lins = [self.lm_head] + [
-            lin for ly in self.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down)
-        ]
-        return sum(lin.nbytes for lin in lins)
+        return sum(lin.nbytes for lin in [self.lm_head, *self.layer_linears()])
+
+    def use_plan(self, plan: StepPlan) -> None:
+        """The layers' bfloat16 copies exist while the plan runs the ``bf16`` path (the head
+        stays on the kernel: its rows are the step's few logits rows)."""
+        keep = any(p == "bf16" for _, p in plan.table)
+        for lin in self.layer_linears():
+            lin.make_bf16() if keep else lin.drop_bf16()
+
+    def bf16_bytes(self) -> int:
+        """Bytes held in bfloat16 weight copies (`use_plan`)."""
+        return sum(lin.bf16_t.nbytes for lin in self.layer_linears() if lin.bf16_t is not None)
 
     # -- which step paths apply ------------------------------------------------------------
     def attention_supported_by_kernel(self, block_size: int) -> bool:
@@ -190,11 +205,12 @@ class DecoderLM(CausalLM):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_rows: torch.Tensor,
         hidden_rows: torch.Tensor | None = None,
-        blas: bool = False,
+        blas: bool | str = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """input_ids, positions: [T]. Returns float32 logits for `logits_rows` only: [S, V]; with
         `hidden_rows`, also those rows' final (normed) hidden states, [H, D], for `head`.
-        `meta` built fused runs fused layers; `blas`: the GEMMs through BLAS."""
+        `meta` built fused runs fused layers; `blas`: the GEMMs through BLAS (``"bf16"``: in
+        bfloat16)."""
         x = self.embed(input_ids)
         if self.embed_scale is not None:
             x = x.mul_(torch.tensor(self.embed_scale, dtype=x.dtype))
@@ -204,6 +220,7 @@ class DecoderLM(CausalLM):
             )
             return self._outputs(x, logits_rows, hidden_rows, blas)
         tables = [rope.cos_sin(positions, self.dtype) for rope in self.ropes]
+        meta.fresh_dtype = torch.bfloat16 if blas == "bf16" else None
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             x = self.layer_forward(layer, x, tables[layer.rope], meta, kv, blas)
         return self._outputs(x, logits_rows, hidden_rows, blas)
@@ -237,9 +254,9 @@ class DecoderLM(CausalLM):
             return lin.add_into(x, h, blas)
         return x.add_(rms_norm(lin(h, blas), post_norm, self.config.rms_norm_eps))
 
-    def head(self, hidden: torch.Tensor, blas: bool = False) -> torch.Tensor:
-        """float32 logits of final (normed) hidden states."""
-        logits = self.lm_head(hidden, blas).float()
+    def head(self, hidden: torch.Tensor, blas: bool | str = False) -> torch.Tensor:
+        """float32 logits of final (normed) hidden states (the ``bf16`` path's on the kernel)."""
+        logits = self.lm_head(hidden, False if blas == "bf16" else blas).float()
         cap = self.logit_softcap
         return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
 

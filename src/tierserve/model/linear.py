@@ -10,7 +10,12 @@ adds it into a residual. The model never branches on precision: the loader picks
   multiplied by the compiled quantized kernel with float32 activations, or dequantized into a
   scratch buffer and multiplied by BLAS.
 
-Which of the two a step uses is the step's path (`model/plan.py`), measured per step size on the
+Either can also run in bfloat16 through BLAS (``blas="bf16"``, the ``bf16`` step path, offered on
+CPUs with AMX tiles): against a bfloat16 copy of the weight (`Linear.make_bf16`, made only when
+the plan uses that path), float32 activations rounded to bfloat16 on the way in and the
+(bfloat16) product widened on the way out.
+
+Which a step uses is the step's path (`model/plan.py`), measured per step size on the
 machine at first start (`model/autotune.py`).
 Every kernel weight is also a ``kernels.QWeight``, which the fused decoder layer takes as is.
 """
@@ -28,15 +33,28 @@ class LinearMethod:
     def __init__(self, kernels) -> None:
         self.kernels = kernels
 
-    def apply(self, lin: Linear, x: torch.Tensor, out: torch.Tensor | None, add: bool, blas: bool):
-        """x @ W (+ bias), or out += x @ W with `add`; `blas`: through BLAS, not the kernel."""
+    def apply(self, lin: Linear, x: torch.Tensor, out: torch.Tensor | None, add: bool, blas):
+        """x @ W (+ bias), or out += x @ W with `add`; `blas`: through BLAS, not the kernel
+        (True in float32, ``"bf16"`` in bfloat16)."""
         raise NotImplementedError
+
+    @staticmethod
+    def bf16(lin: Linear, x: torch.Tensor, out: torch.Tensor | None, add: bool):
+        w = lin.bf16_t if lin.bf16_t is not None else lin.make_bf16()
+        y = torch.mm(x.to(torch.bfloat16), w)
+        if lin.bias is not None:
+            y = y.float().add_(lin.bias)
+        if add:
+            return out.add_(y)
+        return y.float()
 
 
 class DenseMethod(LinearMethod):
     name = "dense"
 
     def apply(self, lin, x, out, add, blas):
+        if blas == "bf16":
+            return self.bf16(lin, x, out, add)
         if lin.kernel_weight is not None and not blas:
             if out is None:
                 out = x.new_empty((x.shape[0], lin.out_features))
@@ -53,6 +71,8 @@ class GGUFMethod(LinearMethod):
     name = "gguf"
 
     def apply(self, lin, x, out, add, blas):
+        if blas == "bf16":
+            return self.bf16(lin, x, out, add)
         if blas:
             w_t = x.new_empty((lin.in_features, lin.out_features))
             self.kernels.dequantize_into(lin.kernel_weight, w_t)
@@ -82,6 +102,7 @@ class Linear:
         self.packed = packed
         self.bias = bias
         self.kernel_weight = None
+        self.bf16_t: torch.Tensor | None = None  # [in, out] bfloat16 copy for the bf16 path
         k = method.kernels
         if packed is not None:
             self.in_features, self.out_features = packed.shape_kn
@@ -96,10 +117,19 @@ class Linear:
             if k is not None and w_t.device.type == "cpu" and w_t.dtype == torch.float32:
                 self.kernel_weight = k.QWeight(0, w_t)
 
-    def __call__(self, x: torch.Tensor, blas: bool = False) -> torch.Tensor:
+    def make_bf16(self) -> torch.Tensor:
+        """The bfloat16 copy of W the ``bf16`` path multiplies by (made once)."""
+        if self.bf16_t is None:
+            self.bf16_t = self.dequantized_t().to(torch.bfloat16)
+        return self.bf16_t
+
+    def drop_bf16(self) -> None:
+        self.bf16_t = None
+
+    def __call__(self, x: torch.Tensor, blas: bool | str = False) -> torch.Tensor:
         return self.method.apply(self, x, None, False, blas)
 
-    def add_into(self, out: torch.Tensor, x: torch.Tensor, blas: bool = False) -> torch.Tensor:
+    def add_into(self, out: torch.Tensor, x: torch.Tensor, blas: bool | str = False):
         """out += x @ W, in out's memory (the residual stream)."""
         return self.method.apply(self, x, out, True, blas)
 

@@ -5,6 +5,10 @@
 * ``kernel``: op by op, kernel GEMMs and kernel attention;
 * ``blas``: op by op, BLAS GEMMs (quantized weights dequantized into a scratch buffer first) and
   kernel attention;
+* ``bf16``: op by op, BLAS GEMMs in bfloat16 (torch's oneDNN matmul, on AMX tiles: offered only
+  where the CPU has them) against a bfloat16 copy of each layer's weights, made when the plan
+  uses the path, and kernel attention; float32 activations between the GEMMs, the vocabulary
+  head on the kernel (its rows are the few logits rows);
 * ``mixed``: op by op, kernel GEMMs and PyTorch attention (for models whose attention the
   kernel does not cover: sliding windows, soft-capping, odd head sizes);
 * ``torch``: the pure-PyTorch path (BLAS, PyTorch attention): the reference.
@@ -16,16 +20,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PATHS = ("fused", "kernel", "blas", "mixed", "torch")
+PATHS = ("fused", "kernel", "blas", "bf16", "mixed", "torch")
 
 
-def uses_blas(path: str) -> bool:
-    """The step's GEMMs run through BLAS (else the compiled kernels)."""
+def uses_blas(path: str) -> bool | str:
+    """How the step's GEMMs run: False (the compiled kernels), True (BLAS in the weights'
+    float32) or ``"bf16"`` (BLAS in bfloat16)."""
+    if path == "bf16":
+        return "bf16"
     return path in ("blas", "torch")
 
 
 def uses_kernel_attention(path: str) -> bool:
-    return path in ("fused", "kernel", "blas")
+    return path in ("fused", "kernel", "blas", "bf16")
 
 
 NEVER = 1 << 62

@@ -167,7 +167,7 @@ class TorchPagedAttention(AttentionBackend):
             out.index_copy_(0, meta.decode_rows, self._decode(qd, k_cache, v_cache, meta, spec))
         flat_k, flat_v = k_cache.view(hkv, nb * bs, d), v_cache.view(hkv, nb * bs, d)
         for p in meta.fresh:
-            out[p.start : p.end] = fresh_prefill(q, k, v, p, spec)
+            out[p.start : p.end] = fresh_prefill(q, k, v, p, spec, meta.fresh_dtype)
         for c in meta.chunks:
             qp = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
             kp = _gather(flat_k, c.slots).unsqueeze(0)
