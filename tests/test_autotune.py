@@ -136,3 +136,19 @@ def test_a_path_slow_only_on_its_first_call_at_a_size_is_timed_warm(monkeypatch)
     slow = [p for p in calls if p not in ("fused", "kernel")]
     # each slow path: one warm-up call at the first size, then one cold call per size
     assert len(slow) <= 2 * len({p for p in slow}) * len(timings), calls
+
+
+@pytest.mark.skipif(kernels.get() is None, reason="kernels unavailable or turned off")
+def test_the_plan_cache_key_changes_with_the_paths_on_offer(monkeypatch):
+    """A plan measured with the bf16 path on offer is not reused where it is withheld
+    (`TIERSERVE_BF16_PATH=off`, float32 products), and the other way round."""
+    from tierserve.executor.autotune import plan_key
+    from tierserve.model import base
+
+    model = tiny_model(True)
+    model.bf16_gemms = True
+    ex = TorchExecutor(model, num_blocks=64, block_size=16, measure=False)
+    monkeypatch.setattr(base, "amx_available", lambda: True)
+    offered = plan_key(ex)
+    monkeypatch.setattr(base, "amx_available", lambda: False)
+    assert plan_key(ex) != offered
