@@ -97,13 +97,13 @@ def measure(
 def format_table(rows: list[QualityRow], reference: str = "none") -> str:
     ref = next((r for r in rows if r.quantization == reference), rows[0])
     lines = [
-        f"{'quantization':<13}{'weights':<28}{'perplexity':>11}{'vs ' + ref.quantization:>10}"
+        f"{'quantization':<16}{'weights':<28}{'perplexity':>11}{'vs ' + ref.quantization:>10}"
         f"{'same answers':>14}",
     ]
     for r in rows:
         same = sum(a == b for a, b in zip(r.answers, ref.answers, strict=True))
         lines.append(
-            f"{r.quantization:<13}{r.weights:<28}{r.perplexity:>11.3f}"
+            f"{r.quantization:<16}{r.weights:<28}{r.perplexity:>11.3f}"
             f"{100 * (r.perplexity / ref.perplexity - 1):>+9.2f}%{same:>8} / {len(r.answers)}"
         )
     return "\n".join(lines)

@@ -229,7 +229,7 @@ class DecoderLM(CausalLM):
         eps, inter = self.config.rms_norm_eps, self.config.intermediate_size
         attn = self.attention(ly, rms_norm(x, ly.ln_attn, eps), cos_sin, meta, kv, blas)
         x = self._residual(x, ly.o, attn, ly.post_attn, blas)
-        gu = ly.gate_up(rms_norm(x, ly.ln_mlp, eps), blas)
+        gu = ly.gate_up(rms_norm(x, ly.ln_mlp, eps), blas, widen=False)  # bf16: gated in bf16
         act = self.act(gu[:, :inter]).mul_(gu[:, inter:])
         return self._residual(x, ly.down, act, ly.post_mlp, blas)
 

@@ -39,14 +39,14 @@ class LinearMethod:
         raise NotImplementedError
 
     @staticmethod
-    def bf16(lin: Linear, x: torch.Tensor, out: torch.Tensor | None, add: bool):
+    def bf16(lin: Linear, x: torch.Tensor, out: torch.Tensor | None, add: bool, widen=True):
         w = lin.bf16_t if lin.bf16_t is not None else lin.make_bf16()
         y = torch.mm(x.to(torch.bfloat16), w)
         if lin.bias is not None:
             y = y.float().add_(lin.bias)
         if add:
             return out.add_(y)
-        return y.float()
+        return y.float() if widen else y
 
 
 class DenseMethod(LinearMethod):
@@ -126,7 +126,11 @@ class Linear:
     def drop_bf16(self) -> None:
         self.bf16_t = None
 
-    def __call__(self, x: torch.Tensor, blas: bool | str = False) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, blas: bool | str = False, widen=True) -> torch.Tensor:
+        """x @ W (+ bias); `widen` False: the bf16 path's product stays bfloat16 (for a GEMM
+        next, as the MLP's gated activation is)."""
+        if blas == "bf16" and not widen:
+            return LinearMethod.bf16(self, x, None, False, widen=False)
         return self.method.apply(self, x, None, False, blas)
 
     def add_into(self, out: torch.Tensor, x: torch.Tensor, blas: bool | str = False):
