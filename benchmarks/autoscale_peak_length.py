@@ -7,8 +7,10 @@ deployment's peaks last minutes to hours.
     PYTHONPATH=src nice -n 10 .venv/bin/python benchmarks/autoscale_peak_length.py --peak 35 120
 
 The arrivals: 0.15 x 160 requests/s from 0 s, 0.8 x from 15 s, 0.15 x again after the peak,
-for 30 s more (`--after`); measured from 5 s. Simulated figures (virtual clock, cost model): no CPU
-dependence except wall time (~10 min for a 120 s peak on one core).
+for 30 s more (`--after`); `--repeat N`: that peak and light spell N times (a day's peaks
+between long quiet spells); measured from 5 s. `--fleets autoscale`: only the autoscaler's run
+(the fixed fleet's does not depend on the rule). Simulated figures (virtual clock, cost
+model): no CPU dependence except wall time (~10 min for a 120 s peak on one core).
 """
 
 from __future__ import annotations
@@ -23,13 +25,22 @@ BASE, PEAK, AFTER = 0.15, 0.8, 30.0
 
 
 def configs(
-    peaks: list[float], start_s: float | None, after: float = AFTER
+    peaks: list[float],
+    start_s: float | None,
+    after: float = AFTER,
+    repeat: int = 1,
+    fleets: tuple[str, ...] = (FIXED_LABEL, AUTOSCALE_LABEL),
 ) -> list[tuple[float, object]]:
     out = []
     for peak in peaks:
-        profile = ((0.0, BASE), (15.0, PEAK), (15.0 + peak, BASE))
+        profile: tuple[tuple[float, float], ...] = ((0.0, BASE),)
+        for i in range(repeat):
+            at = 15.0 + i * (peak + after)
+            profile += ((at, PEAK), (at + peak, BASE))
         for cfg in fleet_ingress_configs(experiments=("autoscale",)):
-            wl = replace(cfg.sim.workload, duration_s=15.0 + peak + after)
+            if cfg.name not in fleets:
+                continue
+            wl = replace(cfg.sim.workload, duration_s=15.0 + repeat * (peak + after))
             cfg = replace(cfg, sim=replace(cfg.sim, workload=wl), rate_profile=profile)
             if start_s is not None and cfg.autoscale is not None:
                 cfg = replace(cfg, autoscale=replace(cfg.autoscale, start_s=start_s))
@@ -42,9 +53,13 @@ def main() -> None:
     ap.add_argument("--peak", type=float, nargs="+", default=[35.0, 120.0], help="seconds")
     ap.add_argument("--start-s", type=float, default=None, help="replica start (default 20)")
     ap.add_argument("--after", type=float, default=AFTER, help="s of quiet after the peak")
+    ap.add_argument("--repeat", type=int, default=1, help="peaks, each followed by --after s")
+    ap.add_argument("--fleets", choices=("both", "fixed", "autoscale"), default="both")
     ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args()
-    grid = configs(args.peak, args.start_s, args.after)
+    fleets = {"both": (FIXED_LABEL, AUTOSCALE_LABEL), "fixed": (FIXED_LABEL,)}
+    fleets["autoscale"] = (AUTOSCALE_LABEL,)
+    grid = configs(args.peak, args.start_s, args.after, args.repeat, fleets[args.fleets])
     results = run_grid([c for _, c in grid], args.workers)
     print(
         "| peak | fleet | replica-s | P0 on time | P1 on time | P2 on time | P1 TTFT p95 "
@@ -61,6 +76,13 @@ def main() -> None:
             + f" | {c['P1']['ttft_p95_s'] or float('nan'):.2f} s "
             f"| {r['replica_seconds_per_on_time_p0_p1'] or float('nan'):.3f} | {len(decisions)} |"
         )
+    for (peak, _cfg), r in zip(grid, results, strict=True):
+        if decisions := r.get("scale_decisions"):
+            steps = ", ".join(
+                f"{d['current']}->{d['wanted']} at {d['time']:.0f} s ({d['reason']})"
+                for d in decisions
+            )
+            print(f"\n{peak:.0f} s peak, decisions: {steps}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The class autoscaler scales out by the size of the backlog (issue 24): a P1 backlog of N
 drain units (what one replica serves of P1 in ``drain_s``) asks for N replicas in one decision,
 the cluster's rule (``cluster/autoscale.py``) and the simulated fleet's alike. The backlog
-includes the requests held at the ingress (late binding), which no replica's signals see."""
+includes the requests held at the ingress (late binding), which no replica's signals see. A
+quiet fleet scales in the same way, to the replicas its load needs (by seats held), at most
+half of it a decision and never below the minimum."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from tierserve.cluster.signals import ClassWindow, held_metrics, merge_held
 from tierserve.priority import Priority
 from tierserve.routing.late_binding import WaitQueue
 from tierserve.sim.fleet import FleetConfig, run_fleet
-from tierserve.sim.fleet_scale import AutoscaleConfig
+from tierserve.sim.fleet_scale import AutoscaleConfig, Scaler
 
 
 def p1_late(waiting: float, served_per_s: float) -> dict[str, float]:
@@ -145,3 +147,27 @@ def test_the_simulated_fleet_sizes_a_scale_out_by_the_backlog_held_at_its_ingres
     ups = [d for d in r["scale_decisions"] if d["wanted"] > d["current"]]
     assert ups and ups[0]["reason"] == "p1-at-risk"
     assert ups[0]["wanted"] - ups[0]["current"] > 1  # one decision, several replicas
+
+
+def test_the_scaler_scales_a_quiet_fleet_in_by_halves_down_to_its_minimum():
+    """Serve's part as the simulator models it: a quiet fleet of 16 whose load 2 replicas carry
+    goes 16 -> 8 -> 4 (at most half a decision), and stops at min_replicas (4)."""
+    scaler = Scaler(AutoscaleConfig(4, 16, downscale_delay_s=0.0))
+    quiet = {"in_flight": 1.0, "in_flight_mean": 1.0, "seats": 64.0}
+    current, path = 16, [16]
+    for t in range(4):
+        current += scaler.tick(float(t), {f"r{i}": quiet for i in range(current)}, current)
+        path.append(current)
+    assert path == [16, 8, 4, 4, 4]
+    assert [d.reason for d in scaler.decisions] == ["quiet", "quiet"]
+
+
+def test_the_simulated_fleet_scales_in_to_what_its_load_needs():
+    """A fleet of 8 under a light steady load (a replica's worth) scales in to its minimum,
+    2, in two decisions (8 -> 4 -> 2), not six."""
+    w = replace(FAST_SLAS.workload, mix=(0.0, 1.0, 0.0, 0.0), rate=2.0, duration_s=10.0)
+    auto = AutoscaleConfig(2, 8, start_s=1.0, downscale_delay_s=2.0, window_s=3.0)
+    r = run_fleet(FleetConfig(replace(FAST_SLAS, workload=w), 8, autoscale=auto))
+    downs = [(d["current"], d["wanted"]) for d in r["scale_decisions"]]
+    assert downs == [(8, 4), (4, 2)]
+    assert r["classes"]["P1"]["sla_attainment"] == 1.0

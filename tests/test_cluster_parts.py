@@ -523,3 +523,52 @@ def test_class_window_counts_a_request_ended_late_without_a_first_token_as_a_mis
     w.on_added("bg", Priority.P3, 0.0)
     w.on_finished("bg", 100.0)  # no SLA: never a miss
     assert w.summary(100.0).samples[3] == 0
+
+
+def seats_held(in_flight: float, mean: float | None = None, seats: float = 64.0) -> dict:
+    """A quiet replica holding `in_flight` requests (`mean` over its window) of `seats`."""
+    return {**metrics(), "in_flight": in_flight, "in_flight_mean": in_flight if mean is None
+            else mean, "seats": seats}  # fmt: skip
+
+
+def test_a_quiet_fleet_scales_in_to_the_replicas_its_load_needs_in_one_decision():
+    cfg = ScaleConfig()  # the load fills at most 0.6 of the kept replicas' seats
+    # 16 replicas of 64 seats hold 9 requests each: 144 seats' load, 3.75 replicas at 0.6.
+    fleet = {f"r{i}": seats_held(9.0) for i in range(16)}
+    assert desired_replicas(fleet, 16, cfg) == (8, "quiet")  # at most half the fleet a decision
+    assert desired_replicas(fleet, 16, ScaleConfig(scale_in_max_fraction=1.0)) == (4, "quiet")
+    # 8 left hold the same load, 18 each: the next decision takes it to 4.
+    assert desired_replicas({f"r{i}": seats_held(18.0) for i in range(8)}, 8, cfg) == (4, "quiet")
+    # The window's mean remembers a busier spell; the count now sees load just moved here.
+    assert desired_replicas({f"r{i}": seats_held(2.0, 30.0) for i in range(8)}, 8, cfg)[0] == 7
+    assert desired_replicas({f"r{i}": seats_held(30.0, 2.0) for i in range(8)}, 8, cfg)[0] == 7
+    # A quiet fleet whose load needs every replica (0.6 of 64 seats: 38.4 each) stays.
+    assert desired_replicas({f"r{i}": seats_held(40.0) for i in range(4)}, 4, cfg) == (
+        4,
+        "steady",
+    )
+    # Starting replicas count in `current`: 12 report, 4 more start; 16 -> 8 at most.
+    assert desired_replicas({f"r{i}": seats_held(1.0) for i in range(12)}, 16, cfg)[0] == 8
+    # An idle fleet: never below one replica (Serve and the simulator clamp to min_replicas).
+    assert desired_replicas({"a": seats_held(0.0), "b": seats_held(0.0)}, 2, cfg) == (1, "quiet")
+    # Without the seat figures (a replica that does not export them): in by one, as before.
+    assert desired_replicas({"a": seats_held(0.0, seats=0.0), "b": metrics()}, 4, cfg)[0] == 3
+    with pytest.raises(ValueError, match="scale_in_utilisation"):
+        ScaleConfig(scale_in_utilisation=0.0)
+
+
+def test_class_window_averages_the_seats_held_over_the_window():
+    w = ClassWindow((0.5, 5.0, 60.0, None), window_s=10.0, seats=8)
+    w.on_added("a", Priority.P1, 0.0)
+    w.on_added("b", Priority.P3, 0.0)
+    w.on_first_token("a", Priority.P1, 0.1, 0.1)  # decoding: still held
+    w.on_finished("b", 5.0)
+    m = w.summary(10.0).autoscaling_metrics()
+    # 2 held for 5 s, then 1 for 5 s: 1.5 on average; 1 now
+    assert m["in_flight"] == 1.0 and m["in_flight_mean"] == pytest.approx(1.5)
+    assert m["seats"] == 8.0
+    w.on_finished("a", 12.0)
+    w.on_finished("zz", 12.0)  # never added: no change
+    s = w.summary(20.0)  # the window 10-20 s: 1 held for 2 s
+    assert s.in_flight == 0 and s.in_flight_mean == pytest.approx(0.2)
+    assert w.summary(40.0).in_flight_mean == 0.0

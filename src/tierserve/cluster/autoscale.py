@@ -24,11 +24,23 @@ and calls the deployment's custom policy (``AutoscalingConfig.policy``, this mod
   the backlog within ``drain_s`` at that rate -- replicas already starting count -- and never
   fewer than ``step`` more. Without a served rate (nothing got a first token in the window),
   ``step``;
-* **in** by one when every replica is quiet: P0 and P1 wait ratios below ``quiet_ratio`` (the
+* **in** when every replica is quiet: P0 and P1 wait ratios below ``quiet_ratio`` (the
   ratio already counts the oldest request still waiting for its first token, so a request
   waiting a few milliseconds, as one always is under a steady flow, does not keep the fleet
   up; an earlier rule also asked that none wait, and a fleet under any steady load never
   scaled in), and none held at the ingress;
+* **how many in**: to the replicas the load needs, as a scale-out is sized by the backlog, not
+  one at a time (a fleet of 16 after a peak took 12 decisions, minutes each under Serve's
+  downscale delay, to come back down). The metrics carry no replica capacity in requests per
+  second -- a replica's served rate is what it was asked for -- so the load is measured in
+  seats: each replica's requests held (added, not yet finished; waiting or decoding, every
+  class), the larger of now and its mean over the signal window (the mean remembers a busier
+  spell just past; the count sees at once the load a scale-in just moved onto a replica),
+  summed over the replicas; the capacity is their ``seats`` (``max_num_seqs``). The fleet keeps
+  enough replicas that the load fills at most ``scale_in_utilisation`` of their seats, and
+  sheds at most ``scale_in_max_fraction`` of itself per decision, so one quiet reading cannot
+  collapse it; when the load needs every replica it stays. Without the seat figures (a replica
+  that does not report them), in by one, as before;
 * otherwise stay.
 
 Ray Serve then applies its own bounds (min/max replicas) and delays (``upscale_delay_s``,
@@ -53,11 +65,18 @@ class ScaleConfig:
     quiet_ratio: float = 0.25  # a P0 P95 TTFT of 0.125 s against a 0.5 s SLA
     step: int = 1  # the fewest replicas a scale-out adds
     drain_s: float = 5.0  # a scale-out sizes the fleet to drain the backlog within this
+    # A scale-in keeps the replicas whose seats the load fills at most this much of ...
+    scale_in_utilisation: float = 0.6
+    # ... and removes at most this fraction of the fleet (at least one replica) per decision.
+    scale_in_max_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("p0_wait_ratio", "p1_wait_ratio", "quiet_ratio", "drain_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("scale_in_utilisation", "scale_in_max_fraction"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)}")
         for name in ("p0_min_attainment", "p1_min_attainment"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
@@ -91,6 +110,21 @@ def scale_out_by(ms: list[Mapping[str, float]], k: str, current: int, cfg: Scale
     return max(cfg.step, len(ms) + extra - current)
 
 
+def scale_in_to(ms: list[Mapping[str, float]], current: int, cfg: ScaleConfig) -> int:
+    """The replicas a quiet fleet keeps (see the module docstring): enough that the load (seats
+    held, summed over the replicas reporting, `ms`) fills at most ``scale_in_utilisation`` of
+    their seats, at least 1, and no fewer than ``scale_in_max_fraction`` of `current` allows to
+    shed (one at least). `current`: the replicas now, starting ones included."""
+    seats = [m.get("seats", 0.0) for m in ms]
+    if not ms or min(seats) <= 0:
+        return current - 1  # no capacity figure: one at a time
+    load = sum(max(m.get("in_flight", 0.0), m.get("in_flight_mean", 0.0)) for m in ms)
+    per_replica = sum(seats) / len(seats)
+    need = max(1, math.ceil(load / (cfg.scale_in_utilisation * per_replica)))
+    floor = current - max(1, math.floor(cfg.scale_in_max_fraction * current))
+    return min(current, max(need, floor))
+
+
 def desired_replicas(
     per_replica: Mapping[str, Mapping[str, float]], current: int, cfg: ScaleConfig
 ) -> tuple[int, str]:
@@ -107,8 +141,8 @@ def desired_replicas(
     quiet = all(
         m.get(f"{k}_wait_ratio", 0.0) < cfg.quiet_ratio for m in ms for k in ("p0", "p1")
     ) and not any(held(ms, k)[0] for k in ("p0", "p1"))
-    if quiet and current > 1:
-        return current - 1, "quiet"
+    if quiet and current > 1 and (wanted := scale_in_to(ms, current, cfg)) < current:
+        return wanted, "quiet"
     return current, "steady"
 
 

@@ -77,7 +77,9 @@ class EngineReplica:
         self.built = built = build_engine_off_main(args)  # see its docstring
         core = built.engine
         self.metrics = Metrics(args.priorities, model_name, tenants)  # the served name
-        self.window = ClassWindow(args.priorities.ttft_sla_s, signal_window_s)  # engine thread
+        self.window = ClassWindow(  # engine thread
+            args.priorities.ttft_sla_s, signal_window_s, seats=args.max_num_seqs
+        )
         self.engine = AsyncEngine(core, built.tokenizer)
         adm = args.admission
         # The ingress's fleet SLA admission reads each replica's predictor inputs (the board

@@ -15,6 +15,13 @@ SLA passed gives no verdict. A class's *served rate* is its first tokens per sec
 window (over the replica's life while that is shorter, at least 1 s): what the replica drains
 of that class's queue, which the autoscaler sizes a scale-out by (autoscale.py).
 
+A replica's *seats in use* size a scale-in: the requests it holds (from ``Added`` to
+``Finished``, waiting or decoding, every class), now (``in_flight``) and averaged over the
+window by time (``in_flight_mean``; over the replica's life while that is shorter), against its
+``seats`` (``max_num_seqs``; 0 where the window was not told). The metrics carry no capacity in
+requests per second (a replica's served rate is what it was asked for, not what it could
+serve), so the autoscaler reads the load as seats held over seats there are (autoscale.py).
+
 The ingress's *held backlog* (``--ingress-queue on``: requests that found no room anywhere in
 the fleet and wait at the ingress, bound to no replica) is invisible to every replica's window.
 ``held_metrics`` turns it into the same kind of flat floats: per class, the requests held and
@@ -50,6 +57,9 @@ class ClassSignals:
     samples: tuple[int, ...]  # verdicts in the window
     waiting: tuple[int, ...]  # requests still without a first token
     served_per_s: tuple[float, ...] = (0.0,) * NUM_PRIORITIES  # first tokens per second
+    in_flight: int = 0  # requests held now (added, not finished), every class
+    in_flight_mean: float = 0.0  # the same, averaged by time over the window
+    seats: int = 0  # the replica's max_num_seqs; 0: unknown
 
     def autoscaling_metrics(self) -> dict[str, float]:
         """Flat floats for Ray Serve's ``record_autoscaling_stats``."""
@@ -60,6 +70,9 @@ class ClassSignals:
             out[f"{k}_sla_attainment"] = float(self.attainment[p])
             out[f"{k}_waiting"] = float(self.waiting[p])
             out[f"{k}_served_per_s"] = float(self.served_per_s[p])
+        out["in_flight"] = float(self.in_flight)
+        out["in_flight_mean"] = float(self.in_flight_mean)
+        out["seats"] = float(self.seats)
         return out
 
 
@@ -96,20 +109,54 @@ def merge_held(reports: Iterable[Mapping[str, float]]) -> dict[str, float]:
 
 
 class ClassWindow:
-    def __init__(self, slas: tuple[float | None, ...], window_s: float = WINDOW_S) -> None:
+    def __init__(
+        self, slas: tuple[float | None, ...], window_s: float = WINDOW_S, seats: int = 0
+    ) -> None:
         if len(slas) != NUM_PRIORITIES:
             raise ValueError(f"need {NUM_PRIORITIES} SLAs (P0..P3), got {slas}")
         self.slas = slas
         self.window_s = window_s
+        self.seats = seats
+        self._live: set[str] = set()  # added, not finished: the seats in use
+        # (time, requests held from then on, their integral over time up to then): every
+        # change of `_live`, the window's and one before it (times made non-decreasing).
+        self._marks: deque[tuple[float, int, float]] = deque()
         self._ttfts: list[deque[tuple[float, float]]] = [deque() for _ in range(NUM_PRIORITIES)]
         self._pending: dict[str, tuple[Priority, float]] = {}  # no first token yet
         self._served: list[deque[float]] = [deque() for _ in range(NUM_PRIORITIES)]  # when
         self._since: float | None = None  # the first request's arrival: the window's start
 
+    def _held_area(self, t: float) -> float:
+        """The integral of the requests held, from the first mark up to `t`."""
+        if not self._marks:
+            return 0.0
+        t0, n, area = self._marks[-1]
+        return area + n * max(0.0, t - t0)
+
+    def _mark(self, t: float) -> None:
+        if self._marks:
+            t = max(t, self._marks[-1][0])
+        self._marks.append((t, len(self._live), self._held_area(t)))
+        while len(self._marks) > 2 and self._marks[1][0] <= t - 2 * self.window_s:
+            self._marks.popleft()
+
+    def _held_mean(self, start: float, end: float) -> float:
+        """The requests held, averaged over [start, end] (the span at least 1 s)."""
+        marks = self._marks
+        while len(marks) > 1 and marks[1][0] <= start:
+            marks.popleft()
+        if not marks:
+            return 0.0
+        end = max(end, marks[-1][0])
+        t0, n0, a0 = marks[0]
+        return (self._held_area(end) - (a0 + n0 * max(0.0, start - t0))) / max(1.0, end - start)
+
     def on_added(self, request_id: str, priority: Priority, arrival: float) -> None:
         self._pending[request_id] = (priority, arrival)
         if self._since is None:
             self._since = arrival
+        self._live.add(request_id)
+        self._mark(arrival)
 
     def on_first_token(self, request_id: str, priority: Priority, ttft: float, now: float) -> None:
         self._pending.pop(request_id, None)
@@ -117,6 +164,9 @@ class ClassWindow:
         self._served[priority].append(now)
 
     def on_finished(self, request_id: str, now: float) -> None:
+        if request_id in self._live:
+            self._live.discard(request_id)
+            self._mark(now)
         pending = self._pending.pop(request_id, None)
         if pending is None:
             return
@@ -132,7 +182,8 @@ class ClassWindow:
             waiting[p] += 1
             oldest[p] = max(oldest[p], now - arrival)
         ratio, attain, n, rate = [], [], [], []
-        span = max(1.0, min(self.window_s, now - (now if self._since is None else self._since)))
+        life = min(self.window_s, now - (now if self._since is None else self._since))
+        span = max(1.0, life)
         for p in Priority:
             served = self._served[p]
             while served and now - served[0] > self.window_s:
@@ -148,4 +199,13 @@ class ClassWindow:
             met = sum(1 for t in ttfts if sla is None or t <= sla)
             attain.append(met / len(ttfts) if ttfts else 1.0)
             n.append(len(ttfts))
-        return ClassSignals(tuple(ratio), tuple(attain), tuple(n), tuple(waiting), tuple(rate))
+        return ClassSignals(
+            tuple(ratio),
+            tuple(attain),
+            tuple(n),
+            tuple(waiting),
+            tuple(rate),
+            len(self._live),
+            self._held_mean(now - life, now),
+            self.seats,
+        )

@@ -129,7 +129,7 @@ def new_replica(cfg: FleetConfig, replica_id: str) -> Replica:
     window = None
     if cfg.autoscale is not None:
         slas = tuple(sim.priorities.sla(p) for p in Priority)
-        window = ClassWindow(slas, cfg.autoscale.window_s)
+        window = ClassWindow(slas, cfg.autoscale.window_s, seats=sim.max_num_seqs)
     return Replica(replica_id, engine, adm, ex, window)
 
 
