@@ -9,7 +9,8 @@ only if the plan uses the path), at a few step sizes, in its own KV cache
 (before any request holds a block), and keeps the fastest path per size:
 
 * decode-shaped steps of 1, 4, 16 and 64 requests (one new token each, 128 tokens of context);
-* prompt-shaped steps of 128 and 512 rows (one fresh chunk);
+* prompt-shaped steps of 128, 256 and 512 rows (one fresh chunk; 256 since the bf16 path,
+  which crosses the fused layer between 128 and 512 rows on AMX CPUs);
 
 candidates interleaved, each first run once untimed at that size (a path's first call at a
 new size pays for its scratch buffers: timed cold, the fused layer once measured 24 ms against
@@ -42,7 +43,7 @@ from tierserve.sim.machine import describe, machine_fingerprint
 log = logging.getLogger(__name__)
 
 DECODE_SIZES = (1, 4, 16, 64)
-PROMPT_SIZES = (128, 512)
+PROMPT_SIZES = (128, 256, 512)
 CONTEXT = 128
 
 
