@@ -28,6 +28,7 @@ PARTS=${PARTS:-throughput flood cotenant}
 SYSTEMS=${SYSTEMS:-ts-auto ts-q8_0 ts-none llama-q4_1 llama-q8_0 llama-f32 vllm}
 PORT=${PORT:-8011}
 TS_ARGS=${TS_ARGS:-}  # more `tierserve serve` flags for the ts-* systems (word-split)
+LLAMA_ARGS=${LLAMA_ARGS:-}  # more llama-server flags (word-split; e.g. --no-repack where its AMX repack crashes)
 FLOOD_S=${FLOOD_S:-90}
 PROBE_S=${PROBE_S:-3}
 TS=$REPO/.venv/bin/tierserve
@@ -64,7 +65,7 @@ start() {  # system [extra args...]
       SERVER_PID=$!; wait_ready "http://127.0.0.1:$PORT/ready" 600 ;;
     llama-*)
       [ -x /tmp/llamacpp-peer/bin/llama-server ] || { echo "set up llama.cpp: $PEER/setup-llamacpp.sh" >&2; return 1; }
-      setsid "$PEER/llamacpp-serve.sh" "$PORT" "${sys#llama-}" 32 "$@" >"$OUT/$sys.log" 2>&1 &
+      setsid "$PEER/llamacpp-serve.sh" "$PORT" "${sys#llama-}" 32 $LLAMA_ARGS "$@" >"$OUT/$sys.log" 2>&1 &
       SERVER_PID=$!; wait_ready "http://127.0.0.1:$PORT/health" 300 ;;
     vllm)
       [ -x /tmp/vllm-peer/venv/bin/python ] || { echo "set up vLLM: $PEER/setup-vllm-cpu.sh" >&2; return 1; }
