@@ -12,10 +12,9 @@ Simulated figures (virtual clock, cost model): no CPU dependence except wall tim
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 
-from tierserve.sim.scenarios import MEMORY_PRESSURE_BASE, SEED_BASE, run_grid, with_sla_admission
+from tierserve.sim.scenarios import MEMORY_PRESSURE_BASE, SEED_BASE, run_keyed, with_sla_admission
 
 SCENARIOS = {"seed": SEED_BASE, "memory": MEMORY_PRESSURE_BASE}
 VARIANTS = {  # name -> (order by prediction?, predictive_reserve); the bound: --order-s
@@ -134,12 +133,7 @@ def main() -> None:
         grid = sla_configs(conc, args.duration, args.order_s)
     else:
         grid = configs(args.scenario, args.concurrency, args.duration, args.order_s)
-    results = run_grid([cfg for _, cfg in grid], args.workers)
-    rows = [(key, summary(r)) for (key, _), r in zip(grid, results, strict=True)]
-    print(table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([{"key": list(k), **m} for k, m in rows], f, indent=1)
+    print(table(run_keyed(grid, summary, args.workers, args.json)))
 
 
 if __name__ == "__main__":

@@ -14,11 +14,10 @@ Simulated figures (virtual clock, cost model): no CPU dependence except wall tim
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from dataclasses import replace
 
-from tierserve.sim.scenarios import MEMORY_PRESSURE_BASE, run_grid
+from tierserve.sim.scenarios import MEMORY_PRESSURE_BASE, run_keyed
 
 MODES = ("swap", "recompute", "auto")  # "auto": by cost (core/preemption.py)
 PREDICTIVE = {"off": (0.0, False), "on": (5.0, True)}  # (order bound A, reserve)
@@ -106,12 +105,7 @@ def main() -> None:
     p.add_argument("--json", help="write every run's figures here")
     args = p.parse_args()
     grid = configs(args.concurrency, args.duration, args.seeds)
-    results = run_grid([cfg for _, cfg in grid], args.workers)
-    rows = [(key, figures(r)) for (key, _), r in zip(grid, results, strict=True)]
-    print(table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([{"key": list(k), **m} for k, m in rows], f, indent=1)
+    print(table(run_keyed(grid, figures, args.workers, args.json)))
 
 
 if __name__ == "__main__":

@@ -122,10 +122,9 @@ def run_path(model, ex, steps, path):
     return torch.cat(outs)
 
 
-def test_kernel_path_matches_pytorch_path_on_mixed_steps(loaded):
-    """Fresh prefill, a chunk continuing its own prefix, decodes beside prefills, then decodes:
-    every step path (kernel GEMMs and attention op by op, BLAS GEMMs with kernel attention, and
-    whole fused layers) gives the PyTorch path's logits, and so its greedy tokens."""
+def mixed_step_logits(loaded, paths):
+    """Two chat prompts through the same mixed steps (fresh prefill, a chunk continuing its own
+    prefix beside a prefill, decodes) on each step path: {path: logits}, and the last model."""
     from tierserve import kernels
 
     if kernels.get() is None:
@@ -135,12 +134,20 @@ def test_kernel_path_matches_pytorch_path_on_mixed_steps(loaded):
     b = chat_ids(tok, "Why is the sky blue? Be brief.")
     steps = [{"a": len(a) - 4, "b": 9}, {"a": 1, "b": len(b) - 9}] + [{"a": 1, "b": 1}] * 3
     results = {}
-    for path in ("torch", "kernel", "blas", "fused"):
+    for path in paths:
         model = LlamaForCausalLM(cfg, dict(loaded.weights), kernels=path != "torch")
         ex = TorchExecutor(model, num_blocks=16, block_size=16, measure=False)
         ex.add_state("a", RequestState(list(a), len(a), list(range(0, 8)), 0, GREEDY))
         ex.add_state("b", RequestState(list(b), len(b), list(range(8, 16)), 0, GREEDY))
         results[path] = run_path(model, ex, steps, path)
+    return results, model
+
+
+def test_kernel_path_matches_pytorch_path_on_mixed_steps(loaded):
+    """Fresh prefill, a chunk continuing its own prefix, decodes beside prefills, then decodes:
+    every step path (kernel GEMMs and attention op by op, BLAS GEMMs with kernel attention, and
+    whole fused layers) gives the PyTorch path's logits, and so its greedy tokens."""
+    results, _ = mixed_step_logits(loaded, ("torch", "kernel", "blas", "fused"))
     ref = results["torch"]
     for mode in ("kernel", "blas", "fused"):
         assert rel_err(results[mode], ref) < 1e-4, mode  # the transformers parity bound
@@ -152,22 +159,10 @@ def test_bf16_path_tracks_the_pytorch_path_within_bfloat16_rounding(loaded):
     slower, on any CPU) on the same mixed steps: logits within bfloat16's rounding of the
     reference and the same greedy token in nearly every row; its weight copies exist only while
     a plan uses it."""
-    from tierserve import kernels
     from tierserve.model.plan import NEVER, StepPlan
 
-    if kernels.get() is None:
-        pytest.skip("kernels unavailable or TIERSERVE_KERNELS=off")
-    cfg, tok = loaded.config, loaded.tokenizer
-    a = chat_ids(tok, "Name three prime numbers.")
-    b = chat_ids(tok, "Why is the sky blue? Be brief.")
-    steps = [{"a": len(a) - 4, "b": 9}, {"a": 1, "b": len(b) - 9}] + [{"a": 1, "b": 1}] * 3
-    results = {}
-    for path in ("torch", "bf16"):
-        model = LlamaForCausalLM(cfg, dict(loaded.weights), kernels=path != "torch")
-        ex = TorchExecutor(model, num_blocks=16, block_size=16, measure=False)
-        ex.add_state("a", RequestState(list(a), len(a), list(range(0, 8)), 0, GREEDY))
-        ex.add_state("b", RequestState(list(b), len(b), list(range(8, 16)), 0, GREEDY))
-        results[path] = run_path(model, ex, steps, path)
+    results, model = mixed_step_logits(loaded, ("torch", "bf16"))
+    cfg = loaded.config
     ref, got = results["torch"], results["bf16"]
     assert 1e-4 < rel_err(got, ref) < 0.05  # bfloat16's 8-bit mantissa, not float32's
     # bfloat16 can flip a near-tie (as int8 products can): nearly every greedy token agrees

@@ -34,27 +34,15 @@ class LinearMethod:
         self.kernels = kernels
 
     def apply(self, lin: Linear, x: torch.Tensor, out: torch.Tensor | None, add: bool, blas):
-        """x @ W (+ bias), or out += x @ W with `add`; `blas`: through BLAS, not the kernel
-        (True in float32, ``"bf16"`` in bfloat16)."""
+        """x @ W (+ bias), or out += x @ W with `add`; `blas`: through BLAS in float32, not the
+        kernel (``"bf16"`` never reaches a method: `Linear` runs it, the same for every one)."""
         raise NotImplementedError
-
-    @staticmethod
-    def bf16(lin: Linear, x: torch.Tensor, out: torch.Tensor | None, add: bool, widen=True):
-        w = lin.bf16_t if lin.bf16_t is not None else lin.make_bf16()
-        y = torch.mm(x.to(torch.bfloat16), w)
-        if lin.bias is not None:
-            y = y.float().add_(lin.bias)
-        if add:
-            return out.add_(y)
-        return y.float() if widen else y
 
 
 class DenseMethod(LinearMethod):
     name = "dense"
 
     def apply(self, lin, x, out, add, blas):
-        if blas == "bf16":
-            return self.bf16(lin, x, out, add)
         if lin.kernel_weight is not None and not blas:
             if out is None:
                 out = x.new_empty((x.shape[0], lin.out_features))
@@ -71,8 +59,6 @@ class GGUFMethod(LinearMethod):
     name = "gguf"
 
     def apply(self, lin, x, out, add, blas):
-        if blas == "bf16":
-            return self.bf16(lin, x, out, add)
         if blas:
             w_t = x.new_empty((lin.in_features, lin.out_features))
             self.kernels.dequantize_into(lin.kernel_weight, w_t)
@@ -126,15 +112,23 @@ class Linear:
     def drop_bf16(self) -> None:
         self.bf16_t = None
 
+    def _bf16(self, x: torch.Tensor, widen: bool) -> torch.Tensor:
+        y = torch.mm(x.to(torch.bfloat16), self.make_bf16())
+        if self.bias is not None:
+            return y.float().add_(self.bias)
+        return y.float() if widen else y
+
     def __call__(self, x: torch.Tensor, blas: bool | str = False, widen=True) -> torch.Tensor:
         """x @ W (+ bias); `widen` False: the bf16 path's product stays bfloat16 (for a GEMM
         next, as the MLP's gated activation is)."""
-        if blas == "bf16" and not widen:
-            return LinearMethod.bf16(self, x, None, False, widen=False)
+        if blas == "bf16":
+            return self._bf16(x, widen)
         return self.method.apply(self, x, None, False, blas)
 
     def add_into(self, out: torch.Tensor, x: torch.Tensor, blas: bool | str = False):
         """out += x @ W, in out's memory (the residual stream)."""
+        if blas == "bf16":
+            return out.add_(self._bf16(x, widen=False))
         return self.method.apply(self, x, out, True, blas)
 
     @property

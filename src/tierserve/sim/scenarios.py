@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -253,3 +254,14 @@ def run_grid(
         return results  # type: ignore[return-value]
     finally:
         bar.close()
+
+
+def run_keyed(grid, summarise, workers: int | None = None, json_path: str | None = None):
+    """Run a grid of (key, config) pairs; each key with its summarised result, in grid order,
+    also written to `json_path` (a list of {"key": [...], **figures}) when given."""
+    results = run_grid([cfg for _, cfg in grid], workers)
+    rows = [(key, summarise(r)) for (key, _), r in zip(grid, results, strict=True)]
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump([{"key": list(k), **m} for k, m in rows], f, indent=1)
+    return rows
