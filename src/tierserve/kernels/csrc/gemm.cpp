@@ -42,7 +42,7 @@ void tile(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t K, f
     for (int v = 0; v < NV; ++v) b[v] = vload(wk + v * VL);
     for (int m = 0; m < MR; ++m) {
       vf x = vbroadcast(a[m * lda + k]);
-      for (int v = 0; v < NV; ++v) acc[m][v] += x * b[v];
+      for (int v = 0; v < NV; ++v) acc[m][v] = vfma(x, b[v], acc[m][v]);
     }
   }
   for (int m = 0; m < MR; ++m)

@@ -123,7 +123,7 @@ void qtile(const float* a, int64_t lda, const QView& w, int64_t n0, float* c, in
         for (int v = 0; v < NV; ++v) wv[v] = load_i8(qk + v * VL) * d[v];
         for (int m = 0; m < MR; ++m) {
           vf x = vbroadcast(ab[m * lda + j]);
-          for (int v = 0; v < NV; ++v) acc[m][v] += x * wv[v];
+          for (int v = 0; v < NV; ++v) acc[m][v] = vfma(x, wv[v], acc[m][v]);
         }
       }
     } else {
@@ -134,14 +134,14 @@ void qtile(const float* a, int64_t lda, const QView& w, int64_t n0, float* c, in
         vf lo[NV], hi[NV];
         for (int v = 0; v < NV; ++v) {
           load_u4(qk + v * VL, lo[v], hi[v]);
-          lo[v] = lo[v] * d[v] + mn[v];
-          hi[v] = hi[v] * d[v] + mn[v];
+          lo[v] = vfma(lo[v], d[v], mn[v]);
+          hi[v] = vfma(hi[v], d[v], mn[v]);
         }
         for (int m = 0; m < MR; ++m) {
           vf xl = vbroadcast(ab[m * lda + j]), xh = vbroadcast(ab[m * lda + j + kBlock / 2]);
           for (int v = 0; v < NV; ++v) {
-            acc[m][v] += xl * lo[v];
-            acc[m][v] += xh * hi[v];
+            acc[m][v] = vfma(xl, lo[v], acc[m][v]);
+            acc[m][v] = vfma(xh, hi[v], acc[m][v]);
           }
         }
       }
@@ -173,8 +173,8 @@ void dequant_panel(const QView& w, int64_t n0, float* panel) {
         for (int v = 0; v < NV; ++v) {
           vf lo, hi;
           load_u4(qb + j * N + v * VL, lo, hi);
-          vstore(pb + (2 * j) * NR + v * VL, lo * d[v] + mn[v]);
-          vstore(pb + (2 * j + 1) * NR + v * VL, hi * d[v] + mn[v]);
+          vstore(pb + (2 * j) * NR + v * VL, vfma(lo, d[v], mn[v]));
+          vstore(pb + (2 * j + 1) * NR + v * VL, vfma(hi, d[v], mn[v]));
         }
     }
   }
@@ -196,7 +196,7 @@ void ptile(const float* a, int64_t lda, const float* panel, int64_t K, float* c,
       for (int v = 0; v < NV; ++v) wv[v] = vload(pb + j * NR + v * VL);
       for (int m = 0; m < MR; ++m) {
         vf x = vbroadcast(ab[m * lda + k]);
-        for (int v = 0; v < NV; ++v) acc[m][v] += x * wv[v];
+        for (int v = 0; v < NV; ++v) acc[m][v] = vfma(x, wv[v], acc[m][v]);
       }
     }
   }

@@ -3,6 +3,8 @@
 // lowers `a * b + c` to FMA where the machine has it.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 #include <cstring>
 
@@ -24,6 +26,24 @@ typedef uint32_t vu __attribute__((vector_size(VL * 4)));
 inline vf vload(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
 inline void vstore(float* p, vf v) { *reinterpret_cast<vf_unaligned*>(p) = v; }
 inline vf vbroadcast(float x) { return vf{} + x; }
+
+// a * b + c in one rounding. Explicit, not left to the compiler's contraction of `a * b + c`:
+// GCC contracts it in some inlined instances of a template and not in others (measured: an
+// AVX2 build's one-vector GEMM tile ran vmulps + vaddps where the wider tiles ran FMA), and
+// kernels that promise the same bits for any tiling or thread count need one rounding rule.
+inline vf vfma(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<vf>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a),
+                                              reinterpret_cast<__m512>(b),
+                                              reinterpret_cast<__m512>(c)));
+#elif defined(__AVX__) && defined(__FMA__)
+  return reinterpret_cast<vf>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a),
+                                              reinterpret_cast<__m256>(b),
+                                              reinterpret_cast<__m256>(c)));
+#else
+  return a * b + c;
+#endif
+}
 
 // Horizontal sum as a fixed pairwise tree (log2(VL) dependent adds, not VL).
 inline float vsum(vf v) {
