@@ -6,7 +6,7 @@ shapes, median ms per call with the weights warm in cache (issue 20's int8 produ
     .venv/bin/python benchmarks/qgemm_products.py --modes int8 --rows 1 16 160 --busy-core
         # the same beside a busy process on one core (what a co-tenant does to the threads)
 
-A mode the CPU lacks (bf16 without AVX512_BF16, int8 without AVX512_VNNI) runs as float32.
+A mode the CPU lacks (bf16 without AVX512_BF16, int8 without AVX512_VNNI or AVX2) runs as float32.
 """
 
 from __future__ import annotations

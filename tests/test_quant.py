@@ -110,7 +110,8 @@ def _int8_reference(x: torch.Tensor, qt, fmt: str) -> torch.Tensor:
 
 @needs_kernels
 @pytest.mark.skipif(
-    EXT is None or not EXT.QWeight.int8_available(), reason="this CPU has no AVX512_VNNI"
+    EXT is None or not EXT.QWeight.int8_available(),
+    reason="no int8 products on this CPU (AVX512_VNNI or AVX2)",
 )
 @pytest.mark.parametrize("fmt", quant.FORMATS)
 @pytest.mark.parametrize("shape", [(960, 576), (200, 64), (48, 96)])  # 200, 48: tail columns

@@ -109,9 +109,9 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--activations", E + "activations", str, None,
-        "products of the quantized kernels: auto (int8 where the CPU has AVX512_VNNI, else "
-        "bfloat16 where it has AVX512_BF16; default) | float32 | bfloat16 | int8 (activations "
-        "quantized to int8 per block of 32, integer products)"
+        "products of the quantized kernels: auto (int8 where the CPU has AVX512_VNNI or "
+        "AVX2, else bfloat16 where it has AVX512_BF16; default) | float32 | bfloat16 | int8 "
+        "(activations quantized to int8 per block of 32, integer products)"
     ),
     Option(
         "--policy", P + "name", str, None, "fcfs | strict | drr | wfq | hybrid (default hybrid)"

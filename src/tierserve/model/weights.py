@@ -92,12 +92,15 @@ class WeightBuilder:
                 "serving float32 weights",
                 self.policy.mode,
             )
-        # auto: int8 products where the CPU has AVX512_VNNI (measured 1.5x faster lone decode than
-        # bf16 at +0.6% perplexity, docs/performance.md), else bf16 where it has AVX512_BF16.
+        # auto: int8 products where the CPU has AVX512_VNNI or AVX2 (VNNI: 1.5x faster lone decode
+        # than bf16 at +0.6% perplexity; AVX2: 2-3x faster than float32 products at every row
+        # count; docs/performance.md), else bf16 where it has AVX512_BF16.
         q = self.kernels.QWeight if self.quantized_ok else None
         self.int8 = q is not None and self.activations in ("int8", "auto") and q.int8_available()
         if self.activations == "int8" and q is not None and not self.int8:
-            log.warning("--activations int8 needs AVX512_VNNI, which this CPU lacks: float32")
+            log.warning(
+                "--activations int8 needs AVX512_VNNI or AVX2, which this CPU lacks: float32"
+            )
         bf16_asked = self.activations == "bfloat16" or self.activations == "auto"
         self.bf16 = q is not None and not self.int8 and bf16_asked and q.bf16_available()
         self.dense = DenseMethod(self.kernels)

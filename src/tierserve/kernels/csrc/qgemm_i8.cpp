@@ -1,13 +1,17 @@
 // Integer products for the GGUF block formats (a weight made with `int8=True`): each row of the
 // activations is quantized per block of 32 to int8 (scale max|x| / 127, round to nearest, as
 // llama.cpp's q8 activations), and the weights' 4- or 8-bit integers are multiplied into int32
-// sums with AVX512_VNNI's `vpdpbusd` (64 multiply-adds per instruction), scaled to float once per
-// block:
+// sums with AVX512_VNNI's `vpdpbusd` (64 multiply-adds per instruction) or, on CPUs with AVX2 and
+// no AVX512_VNNI, with `vpmaddubsw` (32 multiply-adds into int16 pairs) and `vpmaddwd`; scaled to
+// float once per block:
 //
 //   sum_k w x  ~  d_w d_x sum_k q xq  (+ m_w d_x sum_k xq   for q4, whose weights are d q + m)
 //
 // `vpdpbusd` multiplies unsigned by signed bytes: q4's nibbles are unsigned already; q8's signed
-// weights get +128 (a sign-bit flip) and the sum -128 sum_k xq back, exactly.
+// weights get +128 (a sign-bit flip) and the sum -128 sum_k xq back, exactly. `vpmaddubsw`
+// saturates its int16 pair sums, so AVX2 multiplies q8 as |q| by x with q's sign (at most
+// 2 x 128 x 127 a pair), and sums a q4 block's 8 products (at most 15 x 127 x 16 = 30,480) in
+// int16 before widening: both exact, so the two builds compute the same integer sums.
 //
 // The weight is repacked once at load into tiles of 64 columns whose blocks lie front to back
 // (below), so that a step streams memory in order: qgemm.cpp's K-major rows are N bytes apart,
@@ -28,11 +32,21 @@
 namespace tierserve {
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define TS_I8_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define TS_I8_AVX2 1
+#endif
+
+#if defined(TS_I8_VNNI) || defined(TS_I8_AVX2)
 namespace {
 
 constexpr int64_t kBlock = 32;
 constexpr int64_t kCols = 64;                        // columns per tile
+#if defined(TS_I8_VNNI)
 constexpr int kMR = 3;                               // rows per register block
+#else
+constexpr int kMR = 4;
+#endif
 
 // Activations, quantized per row and block of 32.
 struct QAct {
@@ -42,6 +56,7 @@ struct QAct {
   std::vector<int32_t> qs;   // [M, nb]: sum of the block's xq
 };
 
+#if defined(TS_I8_VNNI)
 void quantize_rows(const float* a, int64_t lda, int64_t M, int64_t K, QAct& x) {
   x.M = M;
   x.K = K;
@@ -70,6 +85,50 @@ void quantize_rows(const float* a, int64_t lda, int64_t M, int64_t K, QAct& x) {
       x.qs[m * x.nb + b] = qs;                          // then cancel as the weights' do
     }
 }
+
+#else
+void quantize_rows(const float* a, int64_t lda, int64_t M, int64_t K, QAct& x) {
+  x.M = M;
+  x.K = K;
+  x.nb = K / kBlock;
+  x.q.resize(static_cast<size_t>(M * K));
+  x.d.resize(static_cast<size_t>(M * x.nb));
+  x.s.resize(static_cast<size_t>(M * x.nb));
+  x.qs.resize(static_cast<size_t>(M * x.nb));
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lanes
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < x.nb; ++b) {
+      const float* p = a + m * lda + b * kBlock;
+      __m256 v[4];
+      for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(p + 8 * j);
+      const __m256 m8 = _mm256_max_ps(
+          _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+          _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+      const float amax = _mm_cvtss_f32(h);
+      const float d = amax / 127.0f;
+      const __m256 id = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+      __m256i i[4];
+      for (int j = 0; j < 4; ++j) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));  // nearest
+      const __m256i q8 = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3])),
+          order);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x.q.data() + m * K + b * kBlock), q8);
+      const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+      const int32_t qs = _mm_cvtsi128_si32(s4);
+      x.d[m * x.nb + b] = d;
+      x.s[m * x.nb + b] = d * static_cast<float>(qs);
+      x.qs[m * x.nb + b] = qs;
+    }
+}
+
+#endif
 
 // The weight repacked at load (`repack_i8`), tile by tile of 64 columns, each tile's blocks
 // contiguous so that a step streams it front to back. A 32-bit lane holds 4 consecutive k of one
@@ -111,6 +170,7 @@ void repack_tile(const QView& w, int64_t t, uint8_t* out) {
   }
 }
 
+#if defined(TS_I8_VNNI)
 // 4 x 4 transpose of 128-bit chunks: the lane order back to columns.
 inline void transpose_chunks(__m512 (&v)[4]) {
   const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);
@@ -202,6 +262,101 @@ void rows_tile(const QAct& x, int64_t m0, const uint8_t* tile, float* c, int64_t
   }
 }
 
+#else
+// AVX2: one register holds 8 of a 64-byte vector's 16 lanes (half h: lanes 8h .. 8h + 7, the
+// columns 32h + 4v + (0 .. 3) and 32h + 16 + 4v + (0 .. 3)). A call runs MR rows against one of
+// the tile's 8 (v, h) column groups over every block; the tile stays in L1/L2 between the groups.
+inline __m256i x4_of(const QAct& x, int64_t row, int64_t k) {
+  int32_t v;
+  std::memcpy(&v, x.q.data() + row * x.K + k, 4);
+  return _mm256_set1_epi32(v);
+}
+
+template <int FMT, int MR>
+void rows_group(const QAct& x, int64_t m0, const uint8_t* tile, int v, int h, float* c,
+                int64_t ldc, const float* bias, bool accumulate) {
+  __m256 fa[MR];
+  for (int m = 0; m < MR; ++m) fa[m] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
+  const bool first = v == 0 && h == 0;  // the first pass brings the tile in: prefetch ahead
+  for (int64_t b = 0; b < x.nb; ++b) {
+    const uint8_t* pb = tile + b * block_bytes<FMT>();
+    if (first && b + 2 < x.nb) {
+      const char* ahead = reinterpret_cast<const char*>(pb + 2 * block_bytes<FMT>());
+      for (int64_t o = 0; o < block_bytes<FMT>(); o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+    }
+    const int64_t k0 = b * kBlock;
+    __m256i ia[MR];
+    if constexpr (FMT == kQ8) {
+      for (int m = 0; m < MR; ++m) ia[m] = _mm256_setzero_si256();
+      for (int g = 0; g < 8; ++g) {
+        const __m256i w = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + (g * 4 + v) * 64 + 32 * h)),
+            flip);
+        const __m256i aw = _mm256_abs_epi8(w);
+        for (int m = 0; m < MR; ++m) {
+          const __m256i xs = _mm256_sign_epi8(x4_of(x, m0 + m, k0 + 4 * g), w);
+          ia[m] = _mm256_add_epi32(ia[m], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
+        }
+      }
+    } else {
+      __m256i i16[MR];
+      for (int m = 0; m < MR; ++m) i16[m] = _mm256_setzero_si256();
+      for (int g = 0; g < 4; ++g) {
+        const __m256i raw =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + (g * 4 + v) * 64 + 32 * h));
+        const __m256i lo = _mm256_and_si256(raw, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        for (int m = 0; m < MR; ++m) {
+          i16[m] = _mm256_add_epi16(i16[m], _mm256_maddubs_epi16(lo, x4_of(x, m0 + m, k0 + 4 * g)));
+          i16[m] = _mm256_add_epi16(i16[m],
+                                    _mm256_maddubs_epi16(hi, x4_of(x, m0 + m, k0 + 16 + 4 * g)));
+        }
+      }
+      for (int m = 0; m < MR; ++m) ia[m] = _mm256_madd_epi16(i16[m], ones);
+    }
+    const uint16_t* sc = reinterpret_cast<const uint16_t*>(pb + (FMT == kQ8 ? 2048 : 1024));
+    const __m256 d = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * v + 8 * h)));
+    __m256 mn = _mm256_setzero_ps();
+    if constexpr (FMT == kQ4)
+      mn = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 64 + 16 * v + 8 * h)));
+    for (int m = 0; m < MR; ++m) {
+      const int64_t i = (m0 + m) * x.nb + b;
+      fa[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[m]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[i])),
+                              fa[m]);
+      if constexpr (FMT == kQ4) fa[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps(x.s[i]), fa[m]);
+    }
+  }
+  const int64_t n_lo = 32 * h + 4 * v, n_hi = n_lo + 16;
+  for (int m = 0; m < MR; ++m) {
+    float* cm = c + (m0 + m) * ldc;
+    __m128 lo = _mm256_castps256_ps128(fa[m]), hi = _mm256_extractf128_ps(fa[m], 1);
+    if (accumulate) {
+      lo = _mm_add_ps(lo, _mm_loadu_ps(cm + n_lo));
+      hi = _mm_add_ps(hi, _mm_loadu_ps(cm + n_hi));
+    }
+    if (bias) {
+      lo = _mm_add_ps(lo, _mm_loadu_ps(bias + n_lo));
+      hi = _mm_add_ps(hi, _mm_loadu_ps(bias + n_hi));
+    }
+    _mm_storeu_ps(cm + n_lo, lo);
+    _mm_storeu_ps(cm + n_hi, hi);
+  }
+}
+
+// MR rows against every column group of one tile.
+template <int FMT, int MR>
+void rows_tile(const QAct& x, int64_t m0, const uint8_t* tile, float* c, int64_t ldc,
+               const float* bias, bool accumulate) {
+  for (int v = 0; v < 4; ++v)
+    for (int h = 0; h < 2; ++h) rows_group<FMT, MR>(x, m0, tile, v, h, c, ldc, bias, accumulate);
+}
+
+#endif
+
 // Columns past the last whole tile, scalar, with the same integer sums and float steps.
 template <int FMT>
 void tail_columns_i8(const QAct& x, const QView& w, int64_t n0, int64_t n1, float* c,
@@ -258,6 +413,7 @@ void run_i8(const float* a, int64_t lda, const QView& w, int64_t M, float* c, co
       const float* bt = bias ? bias + n0 : nullptr;
       int64_t m = u % chunks * kRowChunk;
       for (; m + kMR <= m1; m += kMR) rows_tile<FMT, kMR>(xs, m, tile, c + n0, N, bt, accumulate);
+      if (m1 - m == 3) rows_tile<FMT, 3>(xs, m, tile, c + n0, N, bt, accumulate);
       if (m1 - m == 2) rows_tile<FMT, 2>(xs, m, tile, c + n0, N, bt, accumulate);
       if (m1 - m == 1) rows_tile<FMT, 1>(xs, m, tile, c + n0, N, bt, accumulate);
     }
@@ -344,12 +500,14 @@ void qlinear_i8(const float* a, int64_t lda, const QView& w, int64_t M, float* o
 #else
 bool int8_products_available() { return false; }
 
-at::Tensor repack_i8(const QView&) { TORCH_CHECK(false, "int8 products need AVX512_VNNI"); }
+at::Tensor repack_i8(const QView&) {
+  TORCH_CHECK(false, "int8 products need AVX512_VNNI or AVX2");
+}
 float value_i8(const QView&, int64_t, int64_t) { TORCH_CHECK(false, "no int8 repack here"); }
 void dequantize_i8(const QView&, float*) { TORCH_CHECK(false, "no int8 repack here"); }
 
 void qlinear_i8(const float*, int64_t, const QView&, int64_t, float*, const float*, bool) {
-  TORCH_CHECK(false, "int8 products need AVX512_VNNI");
+  TORCH_CHECK(false, "int8 products need AVX512_VNNI or AVX2");
 }
 #endif
 

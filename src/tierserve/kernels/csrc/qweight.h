@@ -63,7 +63,8 @@ struct QWeight {
   // (qgemm.cpp): ~2x the multiply-adds per instruction on compute-bound steps. Off elsewhere.
   bool bf16;
   // Quantized formats only: activations quantized to int8 per block of 32 and integer products
-  // (AVX512_VNNI, qgemm_i8.cpp): ~4x fewer instructions per weight than bf16 at few rows. Takes
+  // (AVX512_VNNI or AVX2, qgemm_i8.cpp): ~4x fewer instructions per weight than bf16 at few rows
+  // (AVX2: 2-3x faster than its float32 products at every row count, docs/performance.md). Takes
   // precedence over bf16. Off where the CPU lacks the instructions.
   bool int8;
   // From this many rows on, each thread dequantizes its column tile once into a panel and
