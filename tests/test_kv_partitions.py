@@ -130,6 +130,25 @@ def test_p0_uses_idle_reservation_space_after_floor_and_shared():
     assert alloc(kv, 4, P1) is not None
 
 
+def test_own_room_is_what_a_class_grows_into_before_anothers_room():
+    kv = kv20()  # floor 4, reservation 6, shared 10
+    alloc(kv, 1, P0)
+    alloc(kv, 2, P1)
+    assert kv.ledger.own_room(P0, P1) == kv.ledger.own_room(P0, P3) == 3  # its free floor
+    assert kv.ledger.own_room(P1, P2) == 4  # its free reservation
+    assert kv.ledger.own_room(P1, P3) == 0  # P3 borrows it while P1 is not waiting
+    assert kv.ledger.own_room(P1, P0) == 0  # P0 may take the reservation's free space
+    assert kv.ledger.own_room(P2, P3) == kv.ledger.own_room(P1, P1) == 0
+    # P1 grows 3 (in R), P0 grows 5 (3 in its floor, 2 in shared): P2 loses 2, P1 loses 2.
+    growth = [5, 3, 0, 0]
+    assert kv.contended_growth(P2, growth) == 2
+    assert kv.contended_growth(P1, growth) == 2 + 3
+    assert kv.contended_growth(P3, [0, 9, 1, 2]) == 12
+    kv.set_p1_waiting(True)  # no lending while P1 waits: the reservation is P1's again
+    assert kv.ledger.own_room(P1, P3) == 4
+    assert kv.contended_growth(P3, [0, 9, 1, 2]) == (9 - 4) + 1 + 2
+
+
 def test_reclaim_never_offers_same_or_higher_class():
     kv = kv20()
     fill_for_reclaim(kv)

@@ -208,6 +208,58 @@ def test_reservation_keeps_same_class_peers_from_preempting_each_other():
     assert preempted == 0 and most == 2  # two fit (34 of 40 blocks); the others wait
 
 
+# 60 blocks of 4 tokens; a P0 floor or a P1 reservation of 20, the shared region 40.
+FLOOR_20 = replace(NO_PARTS, p0_floor_min=20, p0_floor_max=20)
+RESERVE_20 = replace(NO_PARTS, p1_reserve=20, borrowers=())
+RESERVE_20_P2_BORROWS = replace(RESERVE_20, borrowers=(Priority.P2,))
+
+
+def _beside_growth(parts, urgent, urgent_max, waiting, waiting_max):
+    """A request of class `urgent` runs (cold start: predicted to its max_tokens, 8-token
+    prompt); one of class `waiting` arrives. Returns whether it was admitted at once, after
+    checking both finish with nothing preempted."""
+    eng, clock = build(policy="hybrid", num_blocks=60, cpu=0, seqs=8, reserve=True, parts=parts)
+    peer = make_request(8, urgent, max_tokens=urgent_max)
+    eng.add_request(peer)
+    eng.step()
+    clock.advance(0.01)
+    new = make_request(8, waiting, max_tokens=waiting_max)
+    eng.add_request(new)
+    eng.step()
+    admitted = new.status == RequestStatus.RUNNING
+    assert admitted == (eng.scheduler.reservation_waits == 0)
+    drain(eng, clock)
+    assert peer.status == new.status == RequestStatus.FINISHED
+    assert eng.scheduler.preemptions.swap + eng.scheduler.preemptions.recompute == 0
+    return admitted
+
+
+@pytest.mark.parametrize(
+    "parts, urgent, waiting",
+    [(RESERVE_20, Priority.P1, Priority.P2), (FLOOR_20, Priority.P0, Priority.P1)],
+)
+def test_growth_that_fits_in_the_urgent_class_own_room_holds_nobody_back(parts, urgent, waiting):
+    """The running request grows to 17 blocks, inside its class's own 20 (P1's reservation,
+    P0's floor); the waiting one needs 27 of the 40 shared. Counting the growth against the
+    shared region (27 + 15 > 40) would hold it back for nothing."""
+    assert _beside_growth(parts, urgent, 60, waiting, 100)
+
+
+@pytest.mark.parametrize("waiting_max, admitted", [(120, True), (130, False)])
+def test_growth_beyond_the_reservation_is_reserved_in_the_shared_region(waiting_max, admitted):
+    """P1 grows to 27 blocks: 20 in its reservation, 7 in the shared region. A P2 request of
+    32 blocks fits beside those 7 (39 of 40); one of 35 does not and waits for P1."""
+    assert _beside_growth(RESERVE_20, Priority.P1, 100, Priority.P2, waiting_max) == admitted
+
+
+def test_a_borrower_shares_the_reservation_so_p1_growth_counts_in_full():
+    """P2 may borrow P1's idle reservation: P2's room is the shared region and the free
+    reservation (58), P1's growth (25) all of it. A P2 request of 40 blocks waits (65 > 58),
+    though it would fit beside only P1's growth beyond the reservation (47)."""
+    assert not _beside_growth(RESERVE_20_P2_BORROWS, Priority.P1, 100, Priority.P2, 152)
+    assert _beside_growth(RESERVE_20_P2_BORROWS, Priority.P1, 100, Priority.P2, 124)
+
+
 # -- a wrong prediction loses nothing ------------------------------------------------------------
 def _liar(length: int) -> LengthPredictor:
     """A predictor sure that every request of every tenant and class outputs `length`."""

@@ -16,10 +16,13 @@
   growth still expected of the running requests of c and of the classes above it (each to its
   prompt + P50 output: the sum of many P90s would reserve for every tail at once) fit in what c
   can use: its partition headroom plus the blocks held by running requests of less urgent
-  classes (which c may preempt). So neither the new request nor its peers are expected to be
-  preempted by growth already admitted. With no running request of c or above it is admitted
-  as before. A request that outruns its prediction is reserved nothing more and grows exactly
-  as today (preempting by the usual rules).
+  classes (which c may preempt). A more urgent class's growth counts only beyond the room it
+  fills first and c cannot use (``KVCacheManager.contended_growth``: P0's free floor; P1's
+  free reservation, unless c may borrow it): P1 growing inside its reservation takes nothing
+  from P2. Class-blind policies count everyone's growth in full. So neither the new request nor
+  its peers are expected to be preempted by growth already admitted. With no running request
+  of c or above it is admitted as before. A request that outruns its prediction is reserved
+  nothing more and grows exactly as today (preempting by the usual rules).
 * Routing (``SchedulerConfig.predictive_routing``): the scheduler's record carries a
   ``PredictedLoad`` (``predicted_load``): per class, the KV blocks its running, swapped and
   waiting requests are predicted to hold when they end (prompt + P50 output, at least what
@@ -167,7 +170,10 @@ class Predictive:
                 for r in self.running.values()
                 if r.priority > request.priority
             )
-        if need + sum(due[: c + 1]) <= room:
+        # Class-aware: what more urgent classes grow into their own room (P0's floor, P1's
+        # reservation) is not c's to reserve. Class-blind: everyone's growth counts.
+        growth = self.kv.contended_growth(Priority(c), due) if aware else sum(due[: c + 1])
+        if need + growth <= room:
             return True
         self.reservation_waits += 1
         return False

@@ -30,6 +30,8 @@ from tierserve.core.kv.swap import SwapSpace
 from tierserve.priority import NUM_PRIORITIES, Priority
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from tierserve.request import Request
 
 
@@ -127,6 +129,18 @@ class KVCacheManager:
 
     def headroom(self, priority: Priority) -> int:
         return min(self.ledger.headroom(priority), self.pool.num_free)
+
+    def contended_growth(self, priority: Priority, growth: Sequence[int]) -> int:
+        """How much of `growth` (more blocks per class) would come out of `priority`'s headroom:
+        its own class's in full; each more urgent class's only beyond the room that class fills
+        first and `priority` cannot use (``PartitionLedger.own_room``: P0's free floor, P1's free
+        reservation unless `priority` may borrow it); less urgent classes' not at all. What those
+        rooms absorb is bounded by the free blocks beyond `priority`'s headroom."""
+        absorbed = sum(
+            min(growth[k], self.ledger.own_room(Priority(k), priority)) for k in range(priority)
+        )
+        absorbed = min(absorbed, self.pool.num_free - self.headroom(priority))
+        return sum(growth[: priority + 1]) - absorbed
 
     # -- prefix cache ----------------------------------------------------------------------
     def get_computed_blocks(self, request: Request) -> ComputedBlocks:

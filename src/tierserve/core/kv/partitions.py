@@ -101,6 +101,20 @@ class PartitionLedger:
             lend = self._reserve_free(u, b)
         return shared_free, lend
 
+    def own_room(self, priority: Priority, other: Priority) -> int:
+        """Free blocks `priority` grows into before it reaches any block `other` could take:
+        P0's free floor; P1's free reservation unless `other` may take it too (P0, or a
+        borrower while P1 is not waiting); nothing for P2 and P3 (they fill the shared region
+        first). Growth of `priority` up to this never competes with `other`; beyond it, it does."""
+        u, b = self.used, self.borrowed_by
+        if priority == other:
+            return 0
+        if priority == Priority.P0:
+            return max(0, self.floor - max(0, u[0] - b[0]))
+        if priority == Priority.P1 and self._room(other, u, b)[1] == 0:
+            return self._reserve_free(u, b)
+        return 0
+
     def headroom(
         self, priority: Priority, u: list[int] | None = None, b: list[int] | None = None
     ) -> int:
