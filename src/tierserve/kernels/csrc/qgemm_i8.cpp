@@ -54,17 +54,21 @@ struct QAct {
   std::vector<int8_t> q;     // [M, K]
   std::vector<float> d, s;   // [M, nb]: scale, sum of the block's quantized x (d sum xq)
   std::vector<int32_t> qs;   // [M, nb]: sum of the block's xq
+
+  void resize(int64_t rows, int64_t k) {
+    M = rows;
+    K = k;
+    nb = k / kBlock;
+    q.resize(static_cast<size_t>(M * K));
+    d.resize(static_cast<size_t>(M * nb));
+    s.resize(static_cast<size_t>(M * nb));
+    qs.resize(static_cast<size_t>(M * nb));
+  }
 };
 
 #if defined(TS_I8_VNNI)
 void quantize_rows(const float* a, int64_t lda, int64_t M, int64_t K, QAct& x) {
-  x.M = M;
-  x.K = K;
-  x.nb = K / kBlock;
-  x.q.resize(static_cast<size_t>(M * K));
-  x.d.resize(static_cast<size_t>(M * x.nb));
-  x.s.resize(static_cast<size_t>(M * x.nb));
-  x.qs.resize(static_cast<size_t>(M * x.nb));
+  x.resize(M, K);
   const __m512 sign = _mm512_set1_ps(-0.0f);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b = 0; b < x.nb; ++b) {
@@ -88,13 +92,7 @@ void quantize_rows(const float* a, int64_t lda, int64_t M, int64_t K, QAct& x) {
 
 #else
 void quantize_rows(const float* a, int64_t lda, int64_t M, int64_t K, QAct& x) {
-  x.M = M;
-  x.K = K;
-  x.nb = K / kBlock;
-  x.q.resize(static_cast<size_t>(M * K));
-  x.d.resize(static_cast<size_t>(M * x.nb));
-  x.s.resize(static_cast<size_t>(M * x.nb));
-  x.qs.resize(static_cast<size_t>(M * x.nb));
+  x.resize(M, K);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lanes
   for (int64_t m = 0; m < M; ++m)
