@@ -209,6 +209,10 @@ class SchedulerConfig:
     # hides under compute-bound prefill); "off".
     p0_express: str = "exclusive"
     p0_express_min_gap: int = 3
+    # P0 cut-in (core/cut_in.py): a P0 request that arrives while a step runs gets a step of its
+    # own between two of that step's decoder layers, instead of waiting for its end. Counted
+    # with the express steps (same share of the engine's time); needs an executor with layers.
+    p0_cut_in: bool = True
     # A step's prefill is sized so that the step is predicted to end within this fraction of
     # P0's TTFT SLA (a P0 arriving meanwhile waits for it); None: sized by tokens only. Only
     # under a policy that serves P0 first (core/step_time.py).

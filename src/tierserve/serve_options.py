@@ -267,6 +267,12 @@ OPTIONS: tuple[Option, ...] = (
         "(default: exclusive on cpu, decode on cuda)"
     ),
     Option(
+        "--p0-cut-in", E + "p0_cut_in", on_off, None,
+        "on: a P0 arriving while a step runs gets a step of its own between two of that "
+        "step's layers (default) | off: it waits for the step's end",
+        to_field=bool,
+    ),
+    Option(
         "--step-time-fraction", E + "step_time_fraction", float_or_none, None,
         "size each step's prefill to end within this fraction of P0's TTFT SLA; none: by "
         "tokens only (0.4)", to_field=_none_word

@@ -25,6 +25,7 @@ import itertools
 from tierserve.clock import Clock
 from tierserve.config import SchedulerConfig
 from tierserve.core.calm import CalmSteps
+from tierserve.core.cut_in import CutIn
 from tierserve.core.invariants import check_scheduler
 from tierserve.core.kv import KVCacheManager
 from tierserve.core.kv.manager import NO_HITS
@@ -55,7 +56,7 @@ from tierserve.request import FinishReason, Request, RequestStatus
 S = RequestStatus
 
 
-class Scheduler(QueueCounts, Preempting, Predictive):
+class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -100,6 +101,7 @@ class Scheduler(QueueCounts, Preempting, Predictive):
         )
         # (start, work, express?) of the step handed out, measured when its output comes back
         self._planned: tuple[float, StepWork, bool] | None = None
+        self._init_cut_in()  # steps for P0 inside a step in flight (cut_in.py)
         self._init_predictive(predictor)  # output lengths, learned and used (predictive.py)
 
     # -- intake ----------------------------------------------------------------------------
@@ -274,7 +276,11 @@ class Scheduler(QueueCounts, Preempting, Predictive):
                 else:
                     self._preempt(req, plan)
 
-    def _admit_waiting(self, plan: StepPlan, now: float, only_p0: bool = False) -> None:
+    def _admit_waiting(
+        self, plan: StepPlan, now: float, only_p0: bool = False, cut_in: bool = False
+    ) -> None:
+        """Admit waiting requests in the policy's order while the step has room; `cut_in`: a
+        step inside a step in flight (core/cut_in.py), which preempts nobody."""
         due = self._reservations()  # None unless predictive_reserve
         skip: set[int] = set()  # classes whose head the reservation holds back
         while plan.budget > 0:
@@ -293,7 +299,7 @@ class Scheduler(QueueCounts, Preempting, Predictive):
             if n == 0:
                 break  # the step has no time left for it
             ids = self.kv.allocate_slots(req, n, computed) if self._seats() > 0 else None
-            if ids is None:
+            if ids is None and not cut_in:
                 short = self._shortfall(req, n, computed)
                 if self._make_room(req, short, plan, seat=self._seats() <= 0):
                     ids = self.kv.allocate_slots(req, n, computed)

@@ -58,6 +58,8 @@ class EngineArgs:
     swap_cost_ratio: float = 0.3
     # None: "exclusive" on the CPU, "decode" on CUDA (see SchedulerConfig.p0_express).
     p0_express: str | None = None
+    # P0 cut-in (core/cut_in.py): a P0 arriving mid-step gets a step between two of its layers.
+    p0_cut_in: bool = SchedulerConfig().p0_cut_in
     # A step's prefill ends within this fraction of P0's TTFT SLA (None: sized by tokens only).
     step_time_fraction: float | None = SchedulerConfig().step_time_fraction
     # ... and the tighter one while P0 is about (None: none).

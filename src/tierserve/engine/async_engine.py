@@ -72,6 +72,9 @@ class AsyncEngine:
         self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        # Set by submit() for a P0 request: read between two layers of a step in flight, where
+        # the engine thread may run a cut-in step for it (core/cut_in.py).
+        self._urgent = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tierserve-engine", daemon=True)
         self.set_observers(on_event, on_step, on_snapshot)
         # Set before start: the SLA re-check of waiting requests, run on the engine thread, and
@@ -92,6 +95,8 @@ class AsyncEngine:
         self._intake_tokens = [0] * NUM_PRIORITIES
         self._sheds = 0
         self._seq = 0
+        self._cutting = False  # inside a cut-in
+        self._deferred: list[Command] = []  # commands a cut-in left for after the step
         # Event loop only: admission's QueueView (snapshot + submitted counters), open streams.
         self.view = SnapshotQueueView(lambda: self.snapshot)
         self._open: set[str] = set()
@@ -149,6 +154,8 @@ class AsyncEngine:
             self.view.on_submit(request)
             self._open.add(request.request_id)
             self._send(Add(stream))
+            if request.priority == Priority.P0:
+                self._urgent.set()
         return stream
 
     def generate(self, request: EngineRequest) -> AsyncIterator[StreamDelta]:
@@ -177,10 +184,13 @@ class AsyncEngine:
         try:
             if self.on_thread_start is not None:
                 self.on_thread_start()
+            if self.core.scheduler.config.p0_cut_in:
+                self.core.set_layer_hook(self._between_layers)
             while True:
                 self.heartbeat = time.monotonic()
                 news = self._drain_commands()
                 if self._stop.is_set():
+                    self.core.set_layer_hook(None)
                     self._publish()
                     if self.on_thread_stop is not None:
                         self.on_thread_stop()
@@ -207,6 +217,25 @@ class AsyncEngine:
             for rid in list(self._live):
                 self._finish_stream(rid, "error", why, ErrorKind.ENGINE)
             self._outbox.flush()
+
+    def _between_layers(self) -> None:
+        """Between two decoder layers of a step in flight, on the engine thread: when a P0
+        request was submitted, take in the queued requests (other commands wait for the step's
+        end: an abort must not free blocks the stopped step writes) and run a cut-in step for
+        the waiting P0 requests; their tokens go out at once."""
+        if self._cutting or not self._urgent.is_set():
+            return
+        self._urgent.clear()
+        self._cutting = True
+        try:
+            self._drain_commands(adds_only=True)
+            changed, stats = self.core.cut_in()
+            if stats is not None:
+                self._on_step(stats)
+            if changed:
+                self._dispatch(changed)
+        finally:
+            self._cutting = False
 
     def _end_late(self) -> bool:
         """End the waiting requests the SLA re-check finds late (events EndedLate, then
@@ -238,10 +267,16 @@ class AsyncEngine:
         self.snapshot = snap  # one reference swap: readers see the old or the new, whole
         self._on_snapshot(snap)
 
-    def _drain_commands(self, failing: str | None = None) -> bool:
+    def _drain_commands(self, failing: str | None = None, adds_only: bool = False) -> bool:
         """Carry out queued commands; with `failing`, refuse every queued request instead
-        (the engine is dead). Returns whether there were any."""
+        (the engine is dead); with `adds_only` (inside a step), keep the others for later, in
+        order. Returns whether there were any."""
         news = False
+        if not adds_only and self._deferred:
+            deferred, self._deferred = self._deferred, []
+            for cmd in deferred:
+                self._carry_out(cmd, failing)
+            news = True
         while True:
             try:
                 cmd = self._cmds.get_nowait()
@@ -249,7 +284,10 @@ class AsyncEngine:
                 self._outbox.flush()
                 return news
             news = True
-            self._carry_out(cmd, failing)
+            if adds_only and not isinstance(cmd, Add):
+                self._deferred.append(cmd)
+            else:
+                self._carry_out(cmd, failing)
 
     def _carry_out(self, cmd: Command, failing: str | None) -> None:
         core = self.core

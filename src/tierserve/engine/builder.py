@@ -160,6 +160,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             step_time_fraction=args.step_time_fraction,
             p0_step_time_fraction=args.p0_step_time_fraction,
             p0_calm_fraction=args.p0_calm_fraction,
+            p0_cut_in=args.p0_cut_in,
             predictive_order_s=PREDICTIVE_ORDER_S if "order" in args.predictive else 0.0,
             predictive_reserve="reserve" in args.predictive,
             predictive_ttft="ttft" in args.predictive,

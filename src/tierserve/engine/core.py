@@ -15,6 +15,7 @@ the step did, read from its output and timings, and the scheduler's record after
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tierserve.admission.load_meter import LoadMeter
@@ -84,6 +85,8 @@ class EngineCore:
         self.last_stats: StepStats | None = None
         self.num_steps = 0
         self.num_failed_steps = 0
+        self._layer_hook: Callable[[], None] | None = None  # set_layer_hook
+        self._cutting_in = False
         # Rates for the TTFT predictor, measured on this engine's clock (admission/ttft.py).
         costs = scheduler.costs
         self.load_meter = LoadMeter(costs.prefill_tokens_per_s if costs else None)
@@ -171,6 +174,46 @@ class EngineCore:
                 started, self.clock.now(), stats.num_prefill_tokens, backlog=stats.waiting > 0
             )
         return changed
+
+    def set_layer_hook(self, hook: Callable[[], None] | None) -> bool:
+        """Have the executor call `hook` between two decoder layers of every step (where a
+        ``cut_in`` may run). False when the executor has no layers to stop between."""
+        setter = getattr(self.executor, "set_layer_hook", None)
+        if setter is None:
+            return False
+        self._layer_hook = hook
+        setter(None if hook is None else self._between_layers)
+        return True
+
+    def _between_layers(self) -> None:
+        if not self._cutting_in and self._layer_hook is not None:  # not inside a cut-in's own
+            self._layer_hook()
+
+    def cut_in(self) -> tuple[list[Request], StepStats | None]:
+        """Inside a step in flight (from the layer hook): run a step for the waiting P0
+        requests (core/cut_in.py). Returns the requests that changed in it and its stats;
+        nothing when no cut-in can run."""
+        s = self.scheduler
+        started = self.clock.now()
+        t0 = time.perf_counter()
+        out = s.schedule_cut_in()
+        if out is None:
+            return [], None
+        t1 = time.perf_counter()
+        self._cutting_in = True
+        try:
+            result = self._execute(out)
+            t2 = time.perf_counter()
+            changed = s.update_from_output(out, result)
+        finally:
+            self._cutting_in = False
+            s.end_cut_in()
+        self.num_steps += 1
+        stats = self._stats(out, result, t1 - t0, t2 - t1)
+        self.load_meter.on_step(
+            started, self.clock.now(), stats.num_prefill_tokens, backlog=stats.waiting > 0
+        )
+        return changed, stats
 
     def _execute(self, out: SchedulerOutput) -> ExecutorOutput:
         try:

@@ -54,6 +54,10 @@ class FakeExecutor:
         self.fail_request_ids = set(fail_request_ids)
         self.raise_next: Exception | None = None
         self.steps = 0
+        self.layer_hook = None  # called once a step, after its inputs and before its tokens
+
+    def set_layer_hook(self, hook) -> None:
+        self.layer_hook = hook
 
     def preemption_costs(self) -> PreemptionCosts | None:
         return self.costs
@@ -88,6 +92,8 @@ class FakeExecutor:
             st.block_ids.extend(cached.new_block_ids)
             if st.num_computed != cached.num_computed_tokens:
                 raise KVCorruption(f"{cached.request_id}: computed-token count diverged")
+        if self.layer_hook is not None:  # as between two layers: a cut-in may run here
+            self.layer_hook()
         result = ExecutorOutput()
         for rid, n in out.num_scheduled_tokens.items():
             st = self.states[rid]

@@ -12,6 +12,7 @@ import contextlib
 import math
 import mmap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -176,6 +177,23 @@ class TorchExecutor:
         self._copy_blocks(src_caches, dst_caches, pairs)
         self._sync()
         return time.perf_counter() - t0
+
+    def set_layer_hook(self, hook: Callable[[], None] | None) -> None:
+        """Call `hook` between two decoder layers of each step (the engine's cut-in point). A
+        step run inside the hook is a whole step of its own: it adds its requests' state and
+        reads its own batch; the stopped step's batch and metadata were built before."""
+        if hook is None:
+            self.model.layer_hook = None
+            return
+
+        def between_layers() -> None:
+            swaps = self.last_swap_seconds  # the stopped step's, reported after it
+            try:
+                hook()
+            finally:
+                self.last_swap_seconds = swaps
+
+        self.model.layer_hook = between_layers
 
     def add_state(self, rid: str, st: RequestState) -> str | None:
         """Hold `rid`'s state; an error message (and nothing held) if it cannot be served."""

@@ -21,6 +21,7 @@ The contract:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -70,6 +71,10 @@ class CausalLM(ABC):
             raise RuntimeError("kernels=True, but the compiled kernels do not apply or load")
         self.torch_attention = TorchPagedAttention()
         self.kernel_attention = KernelPagedAttention(self.kernels) if self.kernels else None
+        # Called between two decoder layers of every forward (not after the last): the engine's
+        # cut-in point, where a step for a newly arrived P0 request may run while this one
+        # waits (engine/async_engine.py). None: nothing is called.
+        self.layer_hook: Callable[[], None] | None = None
 
     @abstractmethod
     def forward(

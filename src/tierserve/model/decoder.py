@@ -221,8 +221,11 @@ class DecoderLM(CausalLM):
             return self._outputs(x, logits_rows, hidden_rows, blas)
         tables = [rope.cos_sin(positions, self.dtype) for rope in self.ropes]
         meta.fresh_dtype = torch.bfloat16 if blas == "bf16" else None
-        for layer, kv in zip(self.layers, kv_caches, strict=True):
+        hook, last = self.layer_hook, len(self.layers) - 1
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x = self.layer_forward(layer, x, tables[layer.rope], meta, kv, blas)
+            if hook is not None and i < last:
+                hook()
         return self._outputs(x, logits_rows, hidden_rows, blas)
 
     def layer_forward(self, ly: DecoderLayer, x, cos_sin, meta, kv, blas) -> torch.Tensor:
@@ -272,7 +275,10 @@ class DecoderLM(CausalLM):
         last layer's output for every row."""
         c = self.config
         cos, sin = (t[:, 0].contiguous() for t in cos_sin)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+        hook = self.layer_hook
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            if hook is not None and i:
+                hook()  # between layers i - 1 and i
             self.kernels.decoder_layer(
                 x, layer.qkv.kernel_weight, layer.qkv.bias, layer.o.kernel_weight,
                 layer.gate_up.kernel_weight, layer.down.kernel_weight,
