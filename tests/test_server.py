@@ -270,6 +270,15 @@ def test_p0_ttft_under_a_p3_flood_stays_within_2x_of_idle(server):
     )
     assert statistics.median(busy) <= 2 * statistics.median(idle), (idle, busy)
     _wait_drained(state)
+    # P0's first tokens came from cut-ins (steps between two layers of the flood's steps).
+    metrics = httpx.get(f"{url}/metrics").text
+    cut_ins = [
+        s.value
+        for fam in text_string_to_metric_families(metrics)
+        for s in fam.samples
+        if s.name == "llm_p0_cut_in_steps_total"
+    ]
+    assert cut_ins and cut_ins[0] >= 1, cut_ins
 
 
 def _wait_drained(state, timeout=60.0):

@@ -54,6 +54,7 @@ class StepStats:
     swapped_out_blocks: int
     scheduler: SchedulerStats  # after the step
     spec: SpecStepStats | None = None  # drafts verified in the step (speculative decoding)
+    cut_in: bool = False  # run between two layers of another step (core/cut_in.py)
 
     @property
     def preemptions(self) -> tuple[Preemption, ...]:
@@ -209,7 +210,7 @@ class EngineCore:
             self._cutting_in = False
             s.end_cut_in()
         self.num_steps += 1
-        stats = self._stats(out, result, t1 - t0, t2 - t1)
+        stats = replace(self._stats(out, result, t1 - t0, t2 - t1), cut_in=True)
         self.load_meter.on_step(
             started, self.clock.now(), stats.num_prefill_tokens, backlog=stats.waiting > 0
         )

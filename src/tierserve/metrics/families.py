@@ -173,6 +173,10 @@ class Families:
             Histogram, "llm_kv_swap_seconds", "KV swap copy time per step", ("direction",),
             buckets=STEP_BUCKETS,
         )  # fmt: skip
+        self.cut_ins = own(
+            Counter, "llm_p0_cut_in_steps",
+            "Steps run for newly arrived P0 requests between two layers of another step",
+        )  # fmt: skip
         # -- llm_*: speculative decoding ----------------------------------------------------------
         self.spec_draft = own(Counter, "llm_spec_draft_tokens", "Draft tokens verified", p)
         self.spec_accepted = own(Counter, "llm_spec_accepted_tokens", "Draft tokens accepted", p)

@@ -184,6 +184,8 @@ class Metrics:
         for p in stats.preemptions:
             self.on_preempted(p.priority, p.mode)
         f.schedule_time.labels().observe(stats.schedule_s)
+        if stats.cut_in:
+            f.cut_ins.labels().inc()
         f.iteration_tokens.labels().observe(stats.num_tokens)
         f.v_iteration.labels().observe(stats.num_tokens)
         if stats.swapped_in_blocks:
