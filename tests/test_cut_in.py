@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import make_request
 from tests.server_utils import small_engine_args
 from tierserve.clock import ManualClock
-from tierserve.config import CacheConfig, PolicyConfig, SchedulerConfig
+from tierserve.config import CacheConfig, PartitionConfig, PolicyConfig, SchedulerConfig
 from tierserve.engine.async_engine import AsyncEngine
 from tierserve.engine.builder import build_engine
 from tierserve.engine.core import EngineCore
@@ -106,33 +106,92 @@ def test_a_cut_in_serves_the_new_p0_inside_the_step_and_changes_no_output():
     assert off["batch"] is None and off["late_tokens"] == 0 and off["after_step"] == 0
 
 
-def test_a_cut_in_preempts_nobody_the_p0_waits_for_the_next_step_instead():
-    """No free seat: a cut-in would have to preempt a request of the step in flight. It does
-    not run; the P0 is admitted by the next step, which preempts a P3 as usual."""
-    core = _core(cut_in=True, max_num_seqs=3)
-    bg = [make_request(16, Priority.P3, max_tokens=20) for _ in range(3)]
+def _seat_run(cut_in: bool) -> dict:
+    """Every seat taken by P3 requests; a P0 arrives between two layers of a step."""
+    core = _core(cut_in, max_num_seqs=3)
+    bg = [
+        make_request(tokens=[(k * 31 + i) % 900 for i in range(16)], priority=3, max_tokens=20)
+        for k in range(3)
+    ]
     for r in bg:
         core.add_request(r)
+    for _ in range(4):
+        core.step()
+    p0 = make_request(tokens=list(range(500, 508)), priority=Priority.P0, max_tokens=3)
+    counts = core.scheduler.preemptions
+    seen: dict = {}
+
+    def hook():
+        if not seen:
+            core.add_request(p0)
+            seen["result"] = core.cut_in()
+            seen["running"] = len(core.scheduler.running)
+            seen["owed"] = list(core.scheduler.seats_owed)
+            seen["preempted"] = counts.swap + counts.recompute
+            core.scheduler.check_invariants()
+
+    core.set_layer_hook(hook)
     core.step()
-    p0 = make_request(8, Priority.P0, max_tokens=3)
+    seen["running_after_step"] = len(core.scheduler.running)
+    core.step()
+    seen["running_next"] = len(core.scheduler.running)
+    seen["preempted_next"] = counts.swap + counts.recompute
+    seen["p0_tokens_next"] = p0.num_output_tokens
+    while core.has_unfinished():
+        core.step()
+    seen["outputs"] = [list(r.output_token_ids) for r in [*bg, p0]]
+    return seen
+
+
+def test_a_cut_in_borrows_a_full_batchs_seat_and_the_next_step_preempts_for_it():
+    """No free seat: the cut-in seats the P0 beyond max_num_seqs, preempting nobody inside the
+    step; the next step preempts one P3 for it (as an express step would have), and every
+    output is the one a run without cut-ins gives."""
+    on, off = _seat_run(True), _seat_run(False)
+    changed, stats = on["result"]
+    assert stats is not None and stats.batch_size == 1 and len(changed) == 1
+    assert on["running"] == 4 and len(on["owed"]) == 1 and on["preempted"] == 0
+    assert on["running_after_step"] == 4
+    assert on["running_next"] == 3 and on["preempted_next"] == 1
+    assert off["result"] == ([], None) and off["preempted_next"] == 1
+    assert on["outputs"] == off["outputs"]
+
+
+def test_a_p0_that_needs_others_blocks_waits_for_the_next_step():
+    """The pool is full: blocks for the P0 would have to come from requests of the step in
+    flight. No cut-in runs; the next step preempts for it."""
+    flat = PartitionConfig(p0_floor_min=0, p0_floor_max=0, p0_ceiling=1.0, p1_reserve=0)
+    core = EngineCore.build(
+        FakeExecutor(20, 4),
+        ManualClock(),
+        CacheConfig(4, 20, partitions=flat),
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, check_invariants=True),
+        PolicyConfig(name="hybrid"),
+    )
+    bg = [
+        make_request(tokens=[(k * 31 + i) % 900 for i in range(36)], priority=3, max_tokens=20)
+        for k in range(2)
+    ]
+    for r in bg:
+        core.add_request(r)
+    for _ in range(4):
+        core.step()
+    assert core.scheduler.kv.pool.num_free == 0
+    p0 = make_request(tokens=list(range(500, 508)), priority=Priority.P0, max_tokens=3)
     seen = {}
 
     def hook():
         if not seen:
             core.add_request(p0)
             seen["result"] = core.cut_in()
-            seen["running"] = sorted(core.scheduler.running)
 
     core.set_layer_hook(hook)
     core.step()
-    assert seen["result"] == ([], None)
-    assert seen["running"] == sorted(r.request_id for r in bg)
     counts = core.scheduler.preemptions
-    assert core.scheduler.cut_ins == 0 and counts.swap + counts.recompute == 0
-    assert p0.status == RequestStatus.WAITING
+    assert seen["result"] == ([], None) and counts.swap + counts.recompute == 0
+    assert p0.status == RequestStatus.WAITING and core.scheduler.cut_ins == 0
     core.step()
-    assert p0.status == RequestStatus.RUNNING and p0.num_output_tokens == 1
-    assert counts.swap + counts.recompute == 1
+    assert p0.num_output_tokens == 1 and counts.swap + counts.recompute == 1
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,12 @@ admits waiting P0 requests only, and then finishes the stopped step.
 What makes it safe, with nothing in the stopped step touched:
 
 - only *waiting* P0 requests are admitted: no running request is scheduled (their tokens of the
-  stopped step are not known yet), nobody is preempted or swapped (a victim's blocks may be
-  read or written by the stopped step), and a request that needs either waits for the next
-  normal step, as it would have;
+  stopped step are not known yet), and nobody is preempted or swapped (a victim's blocks may be
+  read or written by the stopped step). A P0 that needs blocks held by others waits for the
+  next normal step, as it would have. One that needs a seat takes it beyond `max_num_seqs`, as
+  a debt: the next ``schedule()`` first preempts, for each such seat, a running request the
+  policy lets it preempt (the victim the express step would have preempted before it), and a
+  cut-in owes a seat only while such a victim exists for it (`_may_owe_seat`);
 - a prefix hit can only be a block registered in the prefix cache, and blocks are registered
   after the step that computed them (``KVCacheManager.cache_blocks``), so no hit reads KV the
   stopped step is still writing;
@@ -54,6 +57,7 @@ class CutIn:
         # The stopped step's record while a cut-in runs: (timing, start of the cut-in, its
         # preemptions, reported with its own stats)
         self._stopped: tuple[tuple | None, float, list] | None = None
+        self.seats_owed: list[str] = []  # P0 requests a cut-in seated beyond max_num_seqs
 
     def wants_cut_in(self) -> bool:
         """A P0 request waits and a cut-in may run now (cheap: read between layers)."""
@@ -91,6 +95,28 @@ class CutIn:
         if self.config.check_invariants:
             self.check_invariants(out)
         return out
+
+    def _may_owe_seat(self, req: Request) -> bool:
+        """A cut-in may seat `req` beyond `max_num_seqs`: a running request is left for the
+        next step to preempt for each seat owed, this one included."""
+        may = self.policy.may_preempt
+        victims = sum(1 for r in self.running.values() if may(req, r))
+        return victims > len(self.seats_owed)
+
+    def _owe_seat(self, req: Request) -> None:
+        if len(self.running) > self.config.max_num_seqs:
+            self.seats_owed.append(req.request_id)
+
+    def _repay_seats(self, plan: StepPlan) -> None:
+        """At the start of a step: preempt a victim for each seat a cut-in took beyond
+        `max_num_seqs` (the policy chooses, as for any seat a P0 needs)."""
+        owed, self.seats_owed = self.seats_owed, []
+        for rid in owed:
+            req = self.running.get(rid)
+            if len(self.running) <= self.config.max_num_seqs:
+                break
+            if req is not None:
+                self._make_room(req, 0, plan, seat=True)
 
     def end_cut_in(self) -> None:
         """After the cut-in's ``update_from_output``: the stopped step's record again, its start

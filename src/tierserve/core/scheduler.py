@@ -139,6 +139,7 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
         self.step_preemptions = []
         plan.out.finished_req_ids = self._forget
         self._forget = set()
+        self._repay_seats(plan)  # seats a cut-in took beyond max_num_seqs (cut_in.py)
         express = self._express_step(now)
         if not express:
             self._swap_in(plan)
@@ -298,12 +299,14 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
             n = self._tokens_for(req, plan, computed.num_tokens)
             if n == 0:
                 break  # the step has no time left for it
-            ids = self.kv.allocate_slots(req, n, computed) if self._seats() > 0 else None
+            seat = self._seats() > 0 or (cut_in and self._may_owe_seat(req))
+            ids = self.kv.allocate_slots(req, n, computed) if seat else None
             if ids is None and not cut_in:
                 short = self._shortfall(req, n, computed)
                 if self._make_room(req, short, plan, seat=self._seats() <= 0):
                     ids = self.kv.allocate_slots(req, n, computed)
-            if ids is None or self._seats() <= 0:
+                seat = self._seats() > 0
+            if ids is None or not seat:
                 if ids is not None:  # memory came, the seat did not
                     self.kv.free(req.request_id)
                 break  # head-of-line: the next request waits for this one
@@ -316,6 +319,8 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
             self.running[req.request_id] = req
             plan.schedule(req, n, ids)
             self._served(req)
+            if cut_in:
+                self._owe_seat(req)
             self._reserved(req, due)
 
     def _state(self, now: float, skip: frozenset[int] = frozenset()) -> SchedulerState:
