@@ -106,18 +106,26 @@ def test_a_cut_in_serves_the_new_p0_inside_the_step_and_changes_no_output():
     assert off["batch"] is None and off["late_tokens"] == 0 and off["after_step"] == 0
 
 
-def _seat_run(cut_in: bool) -> dict:
-    """Every seat taken by P3 requests; a P0 arrives between two layers of a step."""
-    core = _core(cut_in, max_num_seqs=3)
+def _decoding_p3_and_a_p0(core: EngineCore, count: int, prompt_len: int):
+    """`count` P3 requests added and decoding (four steps run), and a P0 request not yet
+    added; the same prompts every call."""
     bg = [
-        make_request(tokens=[(k * 31 + i) % 900 for i in range(16)], priority=3, max_tokens=20)
-        for k in range(3)
+        make_request(
+            tokens=[(k * 31 + i) % 900 for i in range(prompt_len)], priority=3, max_tokens=20
+        )
+        for k in range(count)
     ]
     for r in bg:
         core.add_request(r)
     for _ in range(4):
         core.step()
-    p0 = make_request(tokens=list(range(500, 508)), priority=Priority.P0, max_tokens=3)
+    return bg, make_request(tokens=list(range(500, 508)), priority=Priority.P0, max_tokens=3)
+
+
+def _seat_run(cut_in: bool) -> dict:
+    """Every seat taken by P3 requests; a P0 arrives between two layers of a step."""
+    core = _core(cut_in, max_num_seqs=3)
+    bg, p0 = _decoding_p3_and_a_p0(core, count=3, prompt_len=16)
     counts = core.scheduler.preemptions
     seen: dict = {}
 
@@ -168,16 +176,8 @@ def test_a_p0_that_needs_others_blocks_waits_for_the_next_step():
         SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, check_invariants=True),
         PolicyConfig(name="hybrid"),
     )
-    bg = [
-        make_request(tokens=[(k * 31 + i) % 900 for i in range(36)], priority=3, max_tokens=20)
-        for k in range(2)
-    ]
-    for r in bg:
-        core.add_request(r)
-    for _ in range(4):
-        core.step()
+    _, p0 = _decoding_p3_and_a_p0(core, count=2, prompt_len=36)
     assert core.scheduler.kv.pool.num_free == 0
-    p0 = make_request(tokens=list(range(500, 508)), priority=Priority.P0, max_tokens=3)
     seen = {}
 
     def hook():

@@ -95,7 +95,6 @@ class AsyncEngine:
         self._intake_tokens = [0] * NUM_PRIORITIES
         self._sheds = 0
         self._seq = 0
-        self._cutting = False  # inside a cut-in
         self._deferred: list[Command] = []  # commands a cut-in left for after the step
         # Event loop only: admission's QueueView (snapshot + submitted counters), open streams.
         self.view = SnapshotQueueView(lambda: self.snapshot)
@@ -223,19 +222,15 @@ class AsyncEngine:
         request was submitted, take in the queued requests (other commands wait for the step's
         end: an abort must not free blocks the stopped step writes) and run a cut-in step for
         the waiting P0 requests; their tokens go out at once."""
-        if self._cutting or not self._urgent.is_set():
+        if not self._urgent.is_set():  # (never called inside a cut-in: EngineCore's guard)
             return
         self._urgent.clear()
-        self._cutting = True
-        try:
-            self._drain_commands(adds_only=True)
-            changed, stats = self.core.cut_in()
-            if stats is not None:
-                self._on_step(stats)
-            if changed:
-                self._dispatch(changed)
-        finally:
-            self._cutting = False
+        self._drain_commands(adds_only=True)
+        changed, stats = self.core.cut_in()
+        if stats is not None:
+            self._on_step(stats)
+        if changed:
+            self._dispatch(changed)
 
     def _end_late(self) -> bool:
         """End the waiting requests the SLA re-check finds late (events EndedLate, then

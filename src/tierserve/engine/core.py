@@ -168,13 +168,19 @@ class EngineCore:
         changed = s.update_from_output(out, result)
         ran = out.total_num_scheduled_tokens or out.blocks_to_swap_in or out.blocks_to_swap_out
         if ran:
-            self.num_steps += 1
-            stats = self._stats(out, result, t1 - t0, t2 - t1)
-            self.last_stats = stats
-            self.load_meter.on_step(
-                started, self.clock.now(), stats.num_prefill_tokens, backlog=stats.waiting > 0
-            )
+            self.last_stats = self._record(started, out, result, t1 - t0, t2 - t1)
         return changed
+
+    def _record(
+        self, started: float, out, result, schedule_s: float, execute_s: float, cut_in=False
+    ) -> StepStats:
+        """Count a step that ran something; feed the load meter; return its stats."""
+        self.num_steps += 1
+        stats = self._stats(out, result, schedule_s, execute_s, cut_in)
+        self.load_meter.on_step(
+            started, self.clock.now(), stats.num_prefill_tokens, backlog=stats.waiting > 0
+        )
+        return stats
 
     def set_layer_hook(self, hook: Callable[[], None] | None) -> bool:
         """Have the executor call `hook` between two decoder layers of every step (where a
@@ -209,12 +215,7 @@ class EngineCore:
         finally:
             self._cutting_in = False
             s.end_cut_in()
-        self.num_steps += 1
-        stats = replace(self._stats(out, result, t1 - t0, t2 - t1), cut_in=True)
-        self.load_meter.on_step(
-            started, self.clock.now(), stats.num_prefill_tokens, backlog=stats.waiting > 0
-        )
-        return changed, stats
+        return changed, self._record(started, out, result, t1 - t0, t2 - t1, cut_in=True)
 
     def _execute(self, out: SchedulerOutput) -> ExecutorOutput:
         try:
@@ -225,7 +226,7 @@ class EngineCore:
                 failed={rid: f"executor error: {exc!r}" for rid in out.num_scheduled_tokens}
             )
 
-    def _stats(self, out, result, schedule_s, execute_s) -> StepStats:
+    def _stats(self, out, result, schedule_s, execute_s, cut_in=False) -> StepStats:
         spec = out.spec_token_ids
         prefill = sum(
             n
@@ -245,4 +246,5 @@ class EngineCore:
             swapped_out_blocks=len(out.blocks_to_swap_out),
             scheduler=self.scheduler.make_stats(),
             spec=self.scheduler.speculation.take_step() if self.scheduler.speculation else None,
+            cut_in=cut_in,
         )
