@@ -136,17 +136,16 @@ def test_own_room_is_what_a_class_grows_into_before_anothers_room():
     alloc(kv, 2, P1)
     assert kv.ledger.own_room(P0, P1) == kv.ledger.own_room(P0, P3) == 3  # its free floor
     assert kv.ledger.own_room(P1, P2) == 4  # its free reservation
-    assert kv.ledger.own_room(P1, P3) == 0  # P3 borrows it while P1 is not waiting
-    assert kv.ledger.own_room(P1, P0) == 0  # P0 may take the reservation's free space
-    assert kv.ledger.own_room(P2, P3) == kv.ledger.own_room(P1, P1) == 0
-    # P1 grows 3 (in R), P0 grows 5 (3 in its floor, 2 in shared): P2 loses 2, P1 loses 2.
-    growth = [5, 3, 0, 0]
-    assert kv.contended_growth(P2, growth) == 2
-    assert kv.contended_growth(P1, growth) == 2 + 3
-    assert kv.contended_growth(P3, [0, 9, 1, 2]) == 12
+    assert kv.ledger.own_room(P1, P3) is None  # P3 borrows it while P1 is not waiting
+    assert kv.ledger.own_room(P1, P0) is None  # P0 may take the reservation's free space
+    assert kv.ledger.own_room(P2, P3) is None and kv.ledger.own_room(P1, P1) is None
+    assert kv.own_rooms(P2) == [3, 4, None]
     kv.set_p1_waiting(True)  # no lending while P1 waits: the reservation is P1's again
     assert kv.ledger.own_room(P1, P3) == 4
-    assert kv.contended_growth(P3, [0, 9, 1, 2]) == (9 - 4) + 1 + 2
+    assert kv.own_rooms(P3) == [3, 4, None, None]
+    alloc(kv, 7, P1)  # 9 in all: 6 in the reservation, 3 beyond it (the first it gives back)
+    assert kv.ledger.own_room(P1, P2) == -3
+    assert kv.own_rooms(P2) == [3, -3, None]
 
 
 def test_reclaim_never_offers_same_or_higher_class():

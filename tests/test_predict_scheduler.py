@@ -24,6 +24,7 @@ from tierserve.config import (
     SchedulerConfig,
 )
 from tierserve.core.predict import LengthPredictor, PredictorConfig
+from tierserve.core.projection import Candidate, Projection
 from tierserve.engine import EngineCore
 from tierserve.executor.fake import FakeExecutor
 from tierserve.policies import create_policy
@@ -205,7 +206,9 @@ def test_reservation_keeps_same_class_peers_from_preempting_each_other():
     preempted, most = _same_class_peers(reserve=False)
     assert preempted > 0 and most >= 3  # all admitted at once, then they push each other out
     preempted, most = _same_class_peers(reserve=True)
-    assert preempted == 0 and most == 2  # two fit (34 of 40 blocks); the others wait
+    # Two fit at once (34 of 40 blocks); the third waits until they are close enough to their
+    # end that it grows only into the blocks they free; the fourth waits for the first two.
+    assert preempted == 0 and most == 3
 
 
 # 60 blocks of 4 tokens; a P0 floor or a P1 reservation of 20, the shared region 40.
@@ -245,19 +248,80 @@ def test_growth_that_fits_in_the_urgent_class_own_room_holds_nobody_back(parts, 
     assert _beside_growth(parts, urgent, 60, waiting, 100)
 
 
-@pytest.mark.parametrize("waiting_max, admitted", [(120, True), (130, False)])
+@pytest.mark.parametrize("waiting_max, admitted", [(100, True), (120, False)])
 def test_growth_beyond_the_reservation_is_reserved_in_the_shared_region(waiting_max, admitted):
-    """P1 grows to 27 blocks: 20 in its reservation, 7 in the shared region. A P2 request of
-    32 blocks fits beside those 7 (39 of 40); one of 35 does not and waits for P1."""
-    assert _beside_growth(RESERVE_20, Priority.P1, 100, Priority.P2, waiting_max) == admitted
+    """P1 (8 + 200 tokens) outlives the P2 request and is 3 blocks in. When a P2 request of
+    100 output tokens ends (27 blocks), P1 holds 28: 20 in its reservation, 8 in the shared
+    region, 35 of 40 in all. One of 120 would end beside P1's 33 (13 beyond): 32 + 13 > 40."""
+    assert _beside_growth(RESERVE_20, Priority.P1, 200, Priority.P2, waiting_max) == admitted
 
 
 def test_a_borrower_shares_the_reservation_so_p1_growth_counts_in_full():
     """P2 may borrow P1's idle reservation: P2's room is the shared region and the free
-    reservation (58), P1's growth (25) all of it. A P2 request of 40 blocks waits (65 > 58),
-    though it would fit beside only P1's growth beyond the reservation (47)."""
-    assert not _beside_growth(RESERVE_20_P2_BORROWS, Priority.P1, 100, Priority.P2, 152)
-    assert _beside_growth(RESERVE_20_P2_BORROWS, Priority.P1, 100, Priority.P2, 124)
+    reservation (57), P1's growth all of it. A P2 request of 120 output tokens waits: when it
+    ends (32 blocks), P1 has grown by 30 (62 > 57), though it would fit beside only P1's growth
+    beyond the reservation (13). One of 100 fits (27 + 25 <= 57)."""
+    assert not _beside_growth(RESERVE_20_P2_BORROWS, Priority.P1, 200, Priority.P2, 120)
+    assert _beside_growth(RESERVE_20_P2_BORROWS, Priority.P1, 200, Priority.P2, 100)
+
+
+def test_the_projection_peaks_at_an_end_and_frees_count_beyond_the_own_room():
+    """Blocks of 4 tokens. A P1 request (8 tokens, 2 blocks) ends in 10 steps at 5 blocks; a
+    P2 one ends in 40 at 12; a candidate of 8 tokens ends in 20 at 7. At step 10: +3 +3 +5;
+    at step 20: -2 (P1 freed) +5 +7."""
+    proj = Projection(4)
+    proj.add(1, 8, 2, 10)
+    proj.add(2, 8, 2, 40)
+    cand = Candidate(8, 28)
+    assert proj.peak(2, [None, None, None], cand) == max(3 + 3 + 5, -2 + 5 + 7) == 11
+    assert proj.peak(1, [None, None], cand) == max(3 + 5, -2 + 7) == 8
+    # P1's own free room (2) absorbs 2 of its growth, and its frees give nothing back.
+    assert proj.peak(2, [None, 2, None], cand) == max(1 + 3 + 5, 0 + 5 + 7) == 12
+    # P1 holds 1 block beyond its own room: only that one comes back when it ends.
+    assert proj.peak(2, [None, -1, None], cand) == max(3 + 3 + 5, -1 + 5 + 7) == 11
+    proj.add(2, 30, 5, None)  # outran its prediction mid-prefill: holds, plus 3 blocks to come
+    assert proj.peak(2, [None, None, None], cand) == 11 + 3
+    # 2 blocks cached, 30 steps of prefill first: it lives past the P2 peer's end (step 40).
+    late = Candidate(8, 28, cached=2, delay=30)
+    assert proj.peak(2, [None, None, None], late) == max(3 + 3 + 3 + 3, -2 + 10 + 3 + 5) == 16
+
+
+def _beside_short_and_long(waiting_max):
+    """Two P2 requests run (8-token prompts, cold starts: predicted to their max_tokens), a
+    short one (20 output tokens, 7 blocks) and a long one (120, 32 blocks); a third P2 request
+    of `waiting_max` output tokens arrives a step later. 60 blocks, no partitions. Returns
+    whether it was admitted at once, after checking all finish with nothing preempted."""
+    eng, clock = build(policy="hybrid", num_blocks=60, cpu=0, seqs=8, reserve=True, parts=NO_PARTS)
+    short = make_request(8, Priority.P2, max_tokens=20)
+    long = make_request(8, Priority.P2, max_tokens=120)
+    eng.add_request(short)
+    eng.add_request(long)
+    eng.step()
+    clock.advance(0.01)
+    assert short.status == long.status == RequestStatus.RUNNING
+    new = make_request(8, Priority.P2, max_tokens=waiting_max)
+    eng.add_request(new)
+    eng.step()
+    admitted = new.status == RequestStatus.RUNNING
+    assert admitted == (eng.scheduler.reservation_waits == 0)
+    drain(eng, clock)
+    assert short.status == long.status == new.status == RequestStatus.FINISHED
+    assert eng.scheduler.preemptions.swap + eng.scheduler.preemptions.recompute == 0
+    return admitted
+
+
+def test_a_request_fits_once_a_shorter_peer_has_freed_its_blocks():
+    """The new request (100 output tokens, 27 blocks) peaks at its own end, beside the long
+    peer's 28 blocks: the short one has freed its 7 by then, 55 of 60. The sum of the growth
+    (27 + 4 + 29 beside the 6 held: 66 > 60) would hold it back, as if all peaked at once."""
+    assert _beside_short_and_long(100)
+
+
+def test_a_request_waits_when_its_peak_does_not_fit():
+    """A new request of 120 output tokens (32 blocks) would still run when the long peer
+    peaks at 32: 64 > 60 blocks, so it waits (and is admitted once the long peer is far enough
+    along that it grows only into the blocks the long one frees)."""
+    assert not _beside_short_and_long(120)
 
 
 # -- a wrong prediction loses nothing ------------------------------------------------------------

@@ -12,17 +12,20 @@
   request is ever served after a request of its class (and tenant lane) that arrived more than
   A seconds after it** (the aging bound).
 * Reservation (``SchedulerConfig.predictive_reserve``): a waiting request of class c (not P0) is
-  admitted only when its predicted blocks (prompt + P90 output, less its prefix hits) plus the
-  growth still expected of the running requests of c and of the classes above it (each to its
-  prompt + P50 output: the sum of many P90s would reserve for every tail at once) fit in what c
-  can use: its partition headroom plus the blocks held by running requests of less urgent
-  classes (which c may preempt). A more urgent class's growth counts only beyond the room it
-  fills first and c cannot use (``KVCacheManager.contended_growth``: P0's free floor; P1's
-  free reservation, unless c may borrow it): P1 growing inside its reservation takes nothing
-  from P2. Class-blind policies count everyone's growth in full. So neither the new request nor
+  admitted only when the peak over its predicted life of the blocks it and the running requests
+  of c and of the classes above it will take (core/projection.py) fits in what c can use: its
+  partition headroom plus the blocks held by running requests of less urgent classes (which c
+  may preempt). The projection: one token a step for each (after its prefill); a running request
+  grows to prompt + P50 output and then frees all its blocks; the new one grows to prompt + P90
+  output (less its prefix hits); the peak is at one of the ends or at the new one's end. A more
+  urgent class's blocks count only beyond the room it fills first and c cannot use
+  (``KVCacheManager.own_rooms``: P0's floor; P1's reservation, unless c may borrow it): P1
+  growing inside its reservation takes nothing from P2, and frees give back only what it held
+  beyond it. Class-blind policies count everyone's blocks in full. The running requests are
+  projected once a step and each admitted request is added. So neither the new request nor
   its peers are expected to be preempted by growth already admitted. With no running request
-  of c or above it is admitted as before. A request that outruns its prediction is reserved
-  nothing more and grows exactly as today (preempting by the usual rules).
+  of c or above it is admitted as before. A request that outruns its P50 (or has none) is
+  projected to keep what it holds, growing and preempting exactly as today.
 * Routing (``SchedulerConfig.predictive_routing``): the scheduler's record carries a
   ``PredictedLoad`` (``predicted_load``): per class, the KV blocks its running, swapped and
   waiting requests are predicted to hold when they end (prompt + P50 output, at least what
@@ -41,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from tierserve.core.kv.manager import ComputedBlocks
 from tierserve.core.predict import LengthPredictor, Prediction
+from tierserve.core.projection import Candidate, Projection, ceil_blocks
 from tierserve.priority import NUM_PRIORITIES, Priority
 from tierserve.request import FinishReason, Request, RequestStatus
 
@@ -49,10 +53,6 @@ if TYPE_CHECKING:
     from tierserve.config import SchedulerConfig
     from tierserve.core.kv import KVCacheManager
     from tierserve.policies import Policy
-
-
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class Predictive:
         for r in (*running, *self.policy.requests()):
             p = self.predictions.get(r.request_id)
             out = r.sampling_params.max_tokens if p is None else max(p.p50, r.num_output_tokens)
-            blocks[r.priority] += _blocks(r.num_prompt_tokens + out, bs)
+            blocks[r.priority] += ceil_blocks(r.num_prompt_tokens + out, bs)
             tokens += r.num_tokens - r.num_computed_tokens + max(0, out - r.num_output_tokens)
         return PredictedLoad(tuple(blocks), tokens)
 
@@ -125,44 +125,56 @@ class Predictive:
         return cfg.predictive_order_s * min(1.0, work / cfg.predictive_order_tokens)
 
     # -- reservation ---------------------------------------------------------------------------
-    def _future_blocks(self, request: Request) -> int:
-        """Blocks running `request` is still expected to need beyond what it holds (prompt +
-        P50 output; nothing once it has outrun its P50)."""
-        if request.request_id not in self.predictions:
-            return 0
-        p = self._refresh(request)
-        total = request.num_prompt_tokens + max(p.p50, request.num_output_tokens)
-        held = (
-            len(self.kv.block_ids(request.request_id)) if self.kv.holds(request.request_id) else 0
-        )
-        return max(0, _blocks(total, self.kv.block_size) - held)
+    def _steps_left(self, request: Request, output: int) -> int:
+        """Steps until `request` has `output` output tokens: its prefill still to compute (a
+        chunk a step at most; a decode's one uncomputed token is not one) and one token a step
+        after it."""
+        prefill = request.num_tokens - request.num_computed_tokens - 1
+        delay = -(-prefill // self.config.max_num_batched_tokens) if prefill > 0 else 0
+        return delay + max(0, output - request.num_output_tokens)
 
-    def _reservations(self) -> list[int] | None:
-        """Per class: predicted growth still due to its running requests (None: off)."""
+    def _project(self, request: Request, projection: Projection) -> None:
+        """Add running `request` to `projection`: ending at prompt + P50 output, or kept as it
+        is once it has outrun its P50 (or has no prediction)."""
+        held = self.kv.num_held_blocks(request.request_id)
+        end = None
+        if request.request_id in self.predictions:
+            p50 = self._refresh(request).p50
+            if p50 > request.num_output_tokens:
+                end = self._steps_left(request, p50)
+        projection.add(self._reserve_class(request), request.num_tokens, held, end)
+
+    def _reservations(self) -> Projection | None:
+        """The running requests' projected blocks, made once a step (None: off)."""
         if not self.config.predictive_reserve:
             return None
-        due = [0] * NUM_PRIORITIES
+        projection = Projection(self.kv.block_size)
         for r in self.running.values():
-            due[self._reserve_class(r)] += self._future_blocks(r)
-        return due
+            self._project(r, projection)
+        return projection
 
     def _reserve_class(self, request: Request) -> int:
         return int(request.priority) if self.policy.traits.class_aware else 0
 
     def _reservation_fits(
-        self, request: Request, computed: ComputedBlocks, due: list[int] | None
+        self, request: Request, computed: ComputedBlocks, projection: Projection | None
     ) -> bool:
         """Whether `request` may be admitted under the reservation (see the module doc)."""
         aware = self.policy.traits.class_aware
-        if due is None or (request.priority == Priority.P0 and aware):
+        if projection is None or (request.priority == Priority.P0 and aware):
             return True
         c = self._reserve_class(request)
         if not any(self._reserve_class(r) <= c for r in self.running.values()):
             return True
         p = self._refresh(request)
         bs = self.kv.block_size
-        total = request.num_prompt_tokens + max(p.p90, request.num_output_tokens)
-        need = _blocks(total, bs) - computed.num_tokens // bs
+        final = request.num_prompt_tokens + max(p.p90, request.num_output_tokens)
+        cand = Candidate(
+            request.num_tokens,
+            final,
+            computed.num_tokens // bs,
+            self._steps_left(request, request.num_output_tokens),
+        )
         room = self.kv.headroom(Priority(request.priority))
         if aware:
             room += sum(
@@ -171,9 +183,9 @@ class Predictive:
                 if r.priority > request.priority
             )
         # Class-aware: what more urgent classes grow into their own room (P0's floor, P1's
-        # reservation) is not c's to reserve. Class-blind: everyone's growth counts.
-        growth = self.kv.contended_growth(Priority(c), due) if aware else sum(due[: c + 1])
-        if need + growth <= room:
+        # reservation) is not c's to reserve. Class-blind: everyone's blocks count.
+        rooms = self.kv.own_rooms(Priority(c)) if aware else [None]
+        if projection.peak(c, rooms, cand) <= room:
             return True
         self.reservation_waits += 1
         return False
@@ -188,7 +200,7 @@ class Predictive:
             )
         return p
 
-    def _reserved(self, request: Request, due: list[int] | None) -> None:
-        """`request` was admitted: its predicted growth is due to its class from now on."""
-        if due is not None:
-            due[self._reserve_class(request)] += self._future_blocks(request)
+    def _reserved(self, request: Request, projection: Projection | None) -> None:
+        """`request` was admitted: it is projected with the running requests from now on."""
+        if projection is not None:
+            self._project(request, projection)

@@ -282,14 +282,14 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
     ) -> None:
         """Admit waiting requests in the policy's order while the step has room; `cut_in`: a
         step inside a step in flight (core/cut_in.py), which preempts nobody."""
-        due = self._reservations()  # None unless predictive_reserve
+        projection = self._reservations()  # None unless predictive_reserve
         skip: set[int] = set()  # classes whose head the reservation holds back
         while plan.budget > 0:
             req = self.policy.peek(self._state(now, frozenset(skip)))
             if req is None or (only_p0 and req.priority != Priority.P0):
                 break
             computed = self.kv.get_computed_blocks(req)
-            if not self._reservation_fits(req, computed, due):
+            if not self._reservation_fits(req, computed, projection):
                 # Its predicted KV does not fit beside the running requests: its class waits,
                 # the other classes may still be admitted (class-blind: everyone waits).
                 if not self.policy.traits.class_aware:
@@ -321,7 +321,7 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
             self._served(req)
             if cut_in:
                 self._owe_seat(req)
-            self._reserved(req, due)
+            self._reserved(req, projection)
 
     def _state(self, now: float, skip: frozenset[int] = frozenset()) -> SchedulerState:
         by_class = [0] * NUM_PRIORITIES

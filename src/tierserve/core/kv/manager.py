@@ -30,8 +30,6 @@ from tierserve.core.kv.swap import SwapSpace
 from tierserve.priority import NUM_PRIORITIES, Priority
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from tierserve.request import Request
 
 
@@ -130,17 +128,19 @@ class KVCacheManager:
     def headroom(self, priority: Priority) -> int:
         return min(self.ledger.headroom(priority), self.pool.num_free)
 
-    def contended_growth(self, priority: Priority, growth: Sequence[int]) -> int:
-        """How much of `growth` (more blocks per class) would come out of `priority`'s headroom:
-        its own class's in full; each more urgent class's only beyond the room that class fills
-        first and `priority` cannot use (``PartitionLedger.own_room``: P0's free floor, P1's free
-        reservation unless `priority` may borrow it); less urgent classes' not at all. What those
-        rooms absorb is bounded by the free blocks beyond `priority`'s headroom."""
-        absorbed = sum(
-            min(growth[k], self.ledger.own_room(Priority(k), priority)) for k in range(priority)
-        )
-        absorbed = min(absorbed, self.pool.num_free - self.headroom(priority))
-        return sum(growth[: priority + 1]) - absorbed
+    def own_rooms(self, priority: Priority) -> list[int | None]:
+        """Per class up to `priority`: ``PartitionLedger.own_room(k, priority)`` (None for
+        `priority` itself: all its blocks count). The free parts together are bounded by the
+        free blocks beyond `priority`'s headroom (what the pool really has)."""
+        spare = self.pool.num_free - self.headroom(priority)
+        rooms: list[int | None] = []
+        for k in range(priority):
+            room = self.ledger.own_room(Priority(k), priority)
+            if room is not None and room > 0:
+                room = min(room, max(0, spare))
+                spare -= room
+            rooms.append(room)
+        return [*rooms, None]
 
     # -- prefix cache ----------------------------------------------------------------------
     def get_computed_blocks(self, request: Request) -> ComputedBlocks:

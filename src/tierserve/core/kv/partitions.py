@@ -101,19 +101,25 @@ class PartitionLedger:
             lend = self._reserve_free(u, b)
         return shared_free, lend
 
-    def own_room(self, priority: Priority, other: Priority) -> int:
-        """Free blocks `priority` grows into before it reaches any block `other` could take:
-        P0's free floor; P1's free reservation unless `other` may take it too (P0, or a
-        borrower while P1 is not waiting); nothing for P2 and P3 (they fill the shared region
-        first). Growth of `priority` up to this never competes with `other`; beyond it, it does."""
+    def own_room(self, priority: Priority, other: Priority) -> int | None:
+        """`priority`'s own room as `other` sees it: the free blocks it grows into before it
+        reaches any block `other` could take (P0's free floor; P1's free reservation unless
+        `other` may take it too: P0, or a borrower while P1 is not waiting); when negative, how
+        many of its blocks lie beyond that room, in `other`'s region (the first it gives back
+        when it frees). None when it has no room apart (P2, P3, `other` itself, or P1's
+        reservation open to `other`): every block it takes or frees counts for `other`."""
         u, b = self.used, self.borrowed_by
         if priority == other:
-            return 0
+            return None
         if priority == Priority.P0:
-            return max(0, self.floor - max(0, u[0] - b[0]))
-        if priority == Priority.P1 and self._room(other, u, b)[1] == 0:
-            return self._reserve_free(u, b)
-        return 0
+            return self.floor - (u[0] - b[0])
+        if priority == Priority.P1 and not self._may_borrow(other):
+            return self.reserve - sum(b) - u[1]
+        return None
+
+    def _may_borrow(self, priority: Priority) -> bool:
+        """Whether `priority` may take the reservation's free space now."""
+        return priority == Priority.P0 or (priority in self.borrowers and not self.p1_waiting)
 
     def headroom(
         self, priority: Priority, u: list[int] | None = None, b: list[int] | None = None
