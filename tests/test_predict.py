@@ -98,6 +98,60 @@ def test_features_and_keys():
 
 
 # -- predictor -----------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 100_000), min_size=1, max_size=300),
+    st.integers(0, 120_000),
+    st.floats(0.0, 1.0),
+)
+def test_quantile_above_is_close_to_the_exact_conditional_one(xs, floor, q):
+    """The survival quantile: the `q`-quantile of the lengths above `floor`, within the same
+    bucket tolerance as the plain quantile, and never at or below `floor`."""
+    h = DecayingHistogram()
+    for x in xs:
+        h.add(x, 0.0, 60.0)
+    got, weight = h.quantile_above(q, floor)
+    above = sorted(x for x in xs if x > floor)
+    if not above:
+        # nothing above, except lengths sharing floor's bucket (counted as if uniform in it)
+        assert all(bucket_of(x) == bucket_of(floor) or x <= floor for x in xs)
+        assert weight < sum(1 for x in xs if bucket_of(x) == bucket_of(floor)) + 1e-9
+        return
+    assert got > floor and 0 < weight <= len(xs)
+    lo = above[max(0, int(q * len(above)) - 1)]
+    hi = above[min(len(above) - 1, int(q * len(above)))]
+    assert min(lo / 1.3 - 1, floor + 1) <= got <= hi * 1.3 + 1
+
+
+def test_quantile_above_nothing_seen_and_below_everything():
+    h = DecayingHistogram()
+    assert h.quantile_above(0.5, 10) == (0.0, 0.0)
+    for x in (100, 200, 300):
+        h.add(x, 0.0, 60.0)
+    assert h.quantile_above(0.5, 0) == (h.quantile(0.5), h.total())  # no condition at all
+    assert h.quantile_above(0.5, 10_000) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="quantile"):
+        h.quantile_above(1.5, 0)
+
+
+def test_a_request_that_outran_its_median_is_predicted_by_its_survival():
+    """Half the requests of a template end at ~10 tokens, half at ~500. One that has produced
+    50 is one of the long ones: its survival median is ~500, not the template's P50 (~10). One
+    beyond all seen is predicted to run as long again; never past max_tokens."""
+    pred = LengthPredictor(PredictorConfig(min_weight=5))
+    rng = random.Random(3)
+    for i in range(200):
+        pred.observe(req(system=1), rng.randint(8, 12) if i % 2 else rng.randint(450, 550), 0.0)
+    assert pred.predict(req(system=1), 0.0).p50 <= 13
+    assert 440 <= pred.predict_beyond(req(system=1), 50, 0.0) <= 560
+    assert pred.predict_beyond(req(system=1), 50, 0.0, q=0.9) >= 520
+    assert pred.predict_beyond(req(system=1, max_tokens=9000), 2000, 0.0) == 4000  # as long again
+    assert pred.predict_beyond(req(system=1, max_tokens=600), 2000, 0.0) == 2001  # past its cap
+    assert pred.predict_beyond(req(system=1, max_tokens=300), 50, 0.0) == 300
+    # cold: as long again
+    assert LengthPredictor().predict_beyond(req(), 30, 0.0) == 60
+
+
 def test_cold_start_predicts_max_tokens():
     p = LengthPredictor().predict(req(max_tokens=333), 0.0)
     assert (p.p50, p.p90, p.level) == (333, 333, "none")

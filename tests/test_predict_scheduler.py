@@ -324,6 +324,84 @@ def test_a_request_waits_when_its_peak_does_not_fit():
     assert not _beside_short_and_long(120)
 
 
+def _victim_swapped_back(reserve):
+    """40 blocks of 4 tokens, swap on. A P2 request (8 + 100 tokens, 27 blocks at its end)
+    runs; a P0 prompt of 150 tokens (38 blocks) pushes it out; a P1 request (27 blocks at its
+    end) is admitted once the P0 one is done. Swapped back in at once, the P2 request is pushed
+    out again by the P1 request's growth (27 + 27 > 40), over and over. Returns the number of
+    preemptions, after checking all three finish."""
+    eng, clock = build(
+        policy="hybrid", num_blocks=40, mode="swap", cpu=64, seqs=8, reserve=reserve, parts=NO_PARTS
+    )
+    p2 = make_request(8, Priority.P2, max_tokens=100)
+    eng.add_request(p2)
+    for _ in range(5):
+        eng.step()
+        clock.advance(0.01)
+    p0 = make_request(150, Priority.P0, max_tokens=1)
+    p1 = make_request(8, Priority.P1, max_tokens=100)
+    eng.add_request(p0)
+    eng.add_request(p1)
+    drain(eng, clock)
+    assert p0.status == p1.status == p2.status == RequestStatus.FINISHED
+    assert eng.scheduler.preemptions.recompute == 0
+    return eng.scheduler.preemptions.swap
+
+
+def test_a_swapped_request_waits_for_predicted_room_before_it_is_swapped_back():
+    """The swap-in passes the same check as an admission: the P2 request stays swapped out
+    until, at its predicted end, the P1 request has ended too, and is pushed out once (by the
+    P0 prompt) instead of again and again."""
+    assert _victim_swapped_back(reserve=False) > 2
+    assert _victim_swapped_back(reserve=True) == 1
+
+
+def _beside_an_outrunner(reserve):
+    """A template's requests end at 4 tokens or at 120 (half each; the predictor has learned
+    it). A P2 request of that template that has produced 20 tokens is one of the long ones;
+    a second one arrives then. 45 blocks of 4 tokens, no partitions; both run to their
+    max_tokens, 100 (27 blocks at their end, 54 together; their predictions are capped there,
+    so the long ones are predicted exactly). Returns whether the second one was admitted at
+    once, and the preemptions, after checking both finish."""
+    pred = LengthPredictor(PredictorConfig(min_weight=5))
+    teacher = make_request(8, Priority.P2, max_tokens=120)  # the same max_tokens bucket
+    for i in range(40):
+        pred.observe(teacher, 4 if i % 2 else 120, 0.0)
+    eng, clock = build(
+        policy="hybrid",
+        num_blocks=45,
+        cpu=0,
+        seqs=8,
+        reserve=reserve,
+        parts=NO_PARTS,
+        predictor=pred,
+    )
+    first = make_request(8, Priority.P2, max_tokens=100)
+    eng.add_request(first)
+    for _ in range(21):
+        eng.step()
+        clock.advance(0.01)
+    assert first.num_output_tokens >= 20 > eng.scheduler.predictions[first.request_id].p50
+    second = make_request(8, Priority.P2, max_tokens=100)
+    eng.add_request(second)
+    eng.step()
+    admitted = second.status == RequestStatus.RUNNING
+    drain(eng, clock)
+    assert first.status == second.status == RequestStatus.FINISHED
+    pre = eng.scheduler.preemptions
+    return admitted, pre.swap + pre.recompute
+
+
+def test_a_request_that_outran_its_median_is_projected_to_its_survival():
+    """The first request has outrun the template's median (4): it is projected to grow to its
+    survival median (capped at its 100), not to stay as it is (7 blocks), so the second one
+    (27 blocks at its end) waits until it fits beside that, instead of being admitted at once
+    and pushed out later."""
+    assert _beside_an_outrunner(reserve=False) == (True, 1)
+    admitted, preempted = _beside_an_outrunner(reserve=True)
+    assert not admitted and preempted == 0
+
+
 # -- a wrong prediction loses nothing ------------------------------------------------------------
 def _liar(length: int) -> LengthPredictor:
     """A predictor sure that every request of every tenant and class outputs `length`."""

@@ -12,20 +12,25 @@
   request is ever served after a request of its class (and tenant lane) that arrived more than
   A seconds after it** (the aging bound).
 * Reservation (``SchedulerConfig.predictive_reserve``): a waiting request of class c (not P0) is
-  admitted only when the peak over its predicted life of the blocks it and the running requests
-  of c and of the classes above it will take (core/projection.py) fits in what c can use: its
-  partition headroom plus the blocks held by running requests of less urgent classes (which c
-  may preempt). The projection: one token a step for each (after its prefill); a running request
-  grows to prompt + P50 output and then frees all its blocks; the new one grows to prompt + P90
-  output (less its prefix hits); the peak is at one of the ends or at the new one's end. A more
+  admitted, and a swapped-out one swapped back in, only when the peak over its predicted life of
+  the blocks it and the running requests of c and of the classes above it will take
+  (core/projection.py) fits in what c can use: its partition headroom plus the blocks held by
+  running requests of less urgent classes (which c may preempt). The projection: one token a
+  step for each (after its prefill); a running request grows to prompt + P50 output and then
+  frees all its blocks; one that has outrun its P50 grows to its survival median (the median of
+  the lengths seen beyond what it has produced, ``LengthPredictor.predict_beyond``); the
+  candidate grows to prompt + P90 output (its survival median once it has outrun that; less its
+  prefix hits); the peak is at one of the ends or at the candidate's end. A more
   urgent class's blocks count only beyond the room it fills first and c cannot use
   (``KVCacheManager.own_rooms``: P0's floor; P1's reservation, unless c may borrow it): P1
   growing inside its reservation takes nothing from P2, and frees give back only what it held
   beyond it. Class-blind policies count everyone's blocks in full. The running requests are
   projected once a step and each admitted request is added. So neither the new request nor
   its peers are expected to be preempted by growth already admitted. With no running request
-  of c or above it is admitted as before. A request that outruns its P50 (or has none) is
-  projected to keep what it holds, growing and preempting exactly as today.
+  of c or above it is admitted as before. A request that outruns its prediction grows and
+  preempts exactly as today; a request with no prediction is projected to keep what it holds.
+  Gating the swap-in matters as much as the admission: a victim swapped back in as soon as its
+  blocks are free is pushed out again by the growth that pushed it out first.
 * Routing (``SchedulerConfig.predictive_routing``): the scheduler's record carries a
   ``PredictedLoad`` (``predicted_load``): per class, the KV blocks its running, swapped and
   waiting requests are predicted to hold when they end (prompt + P50 output, at least what
@@ -74,6 +79,7 @@ class Predictive:
     def _init_predictive(self, predictor: LengthPredictor | None) -> None:
         self.predictor = predictor or LengthPredictor()
         self.predictions: dict[str, Prediction] = {}  # live requests
+        self._survival: dict[str, int] = {}  # outran their P50: predicted length (_beyond)
         self.reservation_waits = 0  # admissions held back by the reservation
         if self.config.predictive_order_s > 0:
             self.policy.work_shift = self._work_shift
@@ -85,6 +91,7 @@ class Predictive:
     def _learn(self, request: Request) -> None:
         """`request` left the scheduler: learn its length if it ended the model's way."""
         p = self.predictions.pop(request.request_id, None)
+        self._survival.pop(request.request_id, None)
         if p is None or request.status != RequestStatus.FINISHED:
             return
         n = request.num_output_tokens
@@ -134,15 +141,28 @@ class Predictive:
         return delay + max(0, output - request.num_output_tokens)
 
     def _project(self, request: Request, projection: Projection) -> None:
-        """Add running `request` to `projection`: ending at prompt + P50 output, or kept as it
-        is once it has outrun its P50 (or has no prediction)."""
+        """Add running `request` to `projection`: ending at prompt + P50 output, or, once it
+        has outrun its P50, at its survival median (``_beyond``); kept as it is with no
+        prediction."""
         held = self.kv.num_held_blocks(request.request_id)
         end = None
         if request.request_id in self.predictions:
             p50 = self._refresh(request).p50
-            if p50 > request.num_output_tokens:
-                end = self._steps_left(request, p50)
+            n = request.num_output_tokens
+            end = self._steps_left(request, p50 if p50 > n else self._beyond(request))
         projection.add(self._reserve_class(request), request.num_tokens, held, end)
+
+    def _beyond(self, request: Request) -> int:
+        """The output length a request that outran its P50 is predicted to reach: the median
+        of the lengths seen beyond what it has produced (``LengthPredictor.predict_beyond``),
+        made again only once it outruns that too."""
+        rid, n = request.request_id, request.num_output_tokens
+        length = self._survival.get(rid, 0)
+        if length <= n:
+            length = self._survival[rid] = self.predictor.predict_beyond(
+                request, n, self.clock.now()
+            )
+        return length
 
     def _reservations(self) -> Projection | None:
         """The running requests' projected blocks, made once a step (None: off)."""
@@ -168,7 +188,8 @@ class Predictive:
             return True
         p = self._refresh(request)
         bs = self.kv.block_size
-        final = request.num_prompt_tokens + max(p.p90, request.num_output_tokens)
+        n = request.num_output_tokens
+        final = request.num_prompt_tokens + (p.p90 if p.p90 > n else self._beyond(request))
         cand = Candidate(
             request.num_tokens,
             final,

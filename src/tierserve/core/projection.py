@@ -3,9 +3,10 @@
 
 Model: every step, each running request emits one token. A projected request with ``L``
 tokens now, predicted to end in ``e`` steps, holds ``ceil((L + t) / bs)`` blocks at step
-``0 <= t <= e`` and none after: at its end it frees all of them, prompt included. A request
-with no predicted end (it outran its prediction, or has none) is not projected: it keeps what
-it holds, plus the blocks its tokens not yet computed need, over any horizon (``fixed``).
+``0 <= t <= e`` and none after: at its end it frees all of them, prompt included. (A request
+that outran its P50 is given an end by its survival median, core/predictive.py.) A request
+with no predicted end (it has no prediction) is not projected: it keeps what it holds, plus
+the blocks its tokens not yet computed need, over any horizon (``fixed``).
 
 Per class, the change at step ``t`` from what it holds now is::
 

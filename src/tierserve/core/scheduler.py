@@ -194,9 +194,20 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
         top_waiting = next((c for c in range(NUM_PRIORITIES) if waiting[c]), NUM_PRIORITIES)
         if not self.policy.traits.class_aware:
             top_waiting = NUM_PRIORITIES  # nobody waiting outranks a swapped request
+        projection = self._reservations()  # None unless predictive_reserve
+        skip: set[int] = set()  # classes whose first swapped request the reservation holds
         for req in sorted(self.swapped.values(), key=self.policy.traits.rank):
             if self._seats() <= 0 or plan.budget <= 0 or top_waiting < req.priority:
                 break
+            if req.priority in skip:
+                continue
+            if not self._reservation_fits(req, NO_HITS, projection):
+                # Swapped back in, it would be predicted to push a peer out again: it waits
+                # for predicted room like a new request (the others keep their rank order).
+                if not self.policy.traits.class_aware:
+                    break
+                skip.add(req.priority)
+                continue
             mapping = self.kv.swap_in(req)
             if mapping is None:
                 break
@@ -205,6 +216,7 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
             self.running[req.request_id] = req
             plan.swap_in(req, mapping)
             self.preemptions.swapped_in_blocks += len(mapping)
+            self._reserved(req, projection)
 
     def _express_step(self, now: float) -> str | None:
         """A P0 request is waiting: build the next step for it (see SchedulerConfig.p0_express),

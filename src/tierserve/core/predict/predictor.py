@@ -107,6 +107,24 @@ class LengthPredictor:
             return Prediction(p50, p90, level)
         return Prediction(cap, cap, "none")
 
+    def predict_beyond(self, request: Request, produced: int, now: float, q: float = 0.5) -> int:
+        """The output length `request` is predicted to reach, given that it has already
+        produced `produced` tokens and runs on: the `q`-quantile of the lengths seen that
+        exceed `produced` (its survival), from the finest key that has seen at least one such
+        length among keys with ``min_weight``. With none (it outlived all it resembles), it is
+        predicted to run as long again (``2 * produced``). Between ``produced + 1`` and
+        ``max_tokens``."""
+        cap = request.sampling_params.max_tokens
+        cfg = self.config
+        for key in Features.of(request).key_chain():
+            h = self._sketch(key, create=False)
+            if h is None or h.total(now, cfg.half_life_s) < cfg.min_weight:
+                continue
+            length, weight = h.quantile_above(q, produced)
+            if weight * 0.5 ** max(0.0, (now - h.t) / cfg.half_life_s) >= 1.0:
+                return max(produced + 1, min(cap, round(length)))
+        return max(produced + 1, min(cap, 2 * produced))
+
     # -- learn -------------------------------------------------------------------------------
     def observe(
         self, request: Request, output_tokens: int, now: float, predicted: Prediction | None = None

@@ -98,6 +98,35 @@ class DecayingHistogram:
         b = max(self.weights)
         return float(EDGES[b])
 
+    def quantile_above(self, q: float, floor: int) -> tuple[float, float]:
+        """The `q`-quantile of the lengths seen that exceed `floor`, and the weight of those
+        lengths: a bucket straddling `floor` counts the part above it, as if uniform inside.
+        ``(0, 0)`` when nothing seen exceeds `floor`. A request that has produced `floor`
+        tokens and runs on is predicted by this conditional distribution (its survival)."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must lie in [0, 1], got {q}")
+        parts: list[tuple[float, float, float]] = []  # (lo, hi, weight) above floor, ascending
+        for b in sorted(self.weights):
+            lo = EDGES[b]
+            hi = EDGES[b + 1] - 1 if b + 1 < NUM_BUCKETS else MAX_LENGTH
+            if hi <= floor:
+                continue
+            w = self.weights[b]
+            if lo <= floor:  # straddles: keep (floor, hi]
+                w *= (hi - floor) / (hi - lo + 1)
+                lo = floor + 1
+            parts.append((lo, hi, w))
+        total = sum(w for _, _, w in parts)
+        if total <= 0:
+            return 0.0, 0.0
+        target, acc = q * total, 0.0
+        for lo, hi, w in parts:
+            if acc + w >= target:
+                frac = (target - acc) / w if w > 0 else 1.0
+                return lo + frac * (hi - lo), total
+            acc += w
+        return parts[-1][1], total
+
     def to_json(self) -> dict:
         return {"t": self.t, "w": {str(b): round(w, 6) for b, w in self.weights.items()}}
 
