@@ -98,6 +98,8 @@ def summary(r: dict) -> dict:
         "goodput": r["goodput_requests_per_s"],
         "failed": r["failed"],
         "predictor_error": r["predictor_error"],
+        "preempted_requests": r.get("preempted_requests"),
+        "preemption_causes": r.get("preemption_causes"),
     }
 
 

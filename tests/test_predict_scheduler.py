@@ -344,8 +344,14 @@ def _victim_swapped_back(reserve):
     eng.add_request(p1)
     drain(eng, clock)
     assert p0.status == p1.status == p2.status == RequestStatus.FINISHED
-    assert eng.scheduler.preemptions.recompute == 0
-    return eng.scheduler.preemptions.swap
+    counts = eng.scheduler.preemptions
+    assert counts.recompute == 0 and counts.victims == 1  # the same victim every time
+    causes = counts.causes()
+    assert causes.pop("P0>P2") == 1 and counts.for_admission == 1  # the P0 prompt's admission
+    # the others: P1's growth, or the P2 request itself, unable to grow beside P1
+    assert set(causes) <= {"P1>P2", "P2>P2"} and sum(causes.values()) == counts.swap - 1
+    assert causes.get("P2>P2", 0) == counts.self_preempted
+    return counts.swap
 
 
 def test_a_swapped_request_waits_for_predicted_room_before_it_is_swapped_back():
@@ -354,6 +360,74 @@ def test_a_swapped_request_waits_for_predicted_room_before_it_is_swapped_back():
     P0 prompt) instead of again and again."""
     assert _victim_swapped_back(reserve=False) > 2
     assert _victim_swapped_back(reserve=True) == 1
+
+
+def test_a_held_swapped_request_keeps_its_place_ahead_of_its_class():
+    """While the reservation holds the swapped P2 request back, a small P2 request that arrives
+    (it would fit beside the P1 request's growth) is not admitted ahead of it: it waits until
+    the swapped one is back, then both finish with one preemption in all."""
+    eng, clock = build(
+        policy="hybrid", num_blocks=40, mode="swap", cpu=64, seqs=8, reserve=True, parts=NO_PARTS
+    )
+    p2 = make_request(8, Priority.P2, max_tokens=100)
+    eng.add_request(p2)
+    for _ in range(5):
+        eng.step()
+        clock.advance(0.01)
+    eng.add_request(make_request(150, Priority.P0, max_tokens=1))
+    eng.add_request(make_request(8, Priority.P1, max_tokens=100))
+    for _ in range(3):
+        eng.step()
+        clock.advance(0.01)
+    assert p2.status == RequestStatus.SWAPPED
+    small = make_request(8, Priority.P2, max_tokens=2)
+    eng.add_request(small)
+    while p2.status == RequestStatus.SWAPPED:
+        assert small.status == RequestStatus.WAITING
+        eng.step()
+        clock.advance(0.01)
+    drain(eng, clock)
+    assert small.status == p2.status == RequestStatus.FINISHED
+    assert eng.scheduler.preemptions.swap == 1 and eng.scheduler.reservation_waits > 0
+
+
+def test_a_held_swapped_request_holds_every_admission_under_a_class_blind_policy():
+    """fcfs has one queue. The predictor has only seen 4-token outputs, so two requests that
+    run to 100 are both admitted, then collide: the later one is swapped out, and held there
+    (each is now predicted to run as long again). A third request, predicted to fit, arrives
+    meanwhile: it is not admitted while the swapped one is held, and all three finish."""
+    pred = LengthPredictor(PredictorConfig(min_weight=5))
+    teacher = make_request(8, Priority.P2, max_tokens=100)
+    for _ in range(20):
+        pred.observe(teacher, 4, 0.0)
+    eng, clock = build(
+        policy="fcfs",
+        num_blocks=40,
+        mode="swap",
+        cpu=64,
+        seqs=8,
+        reserve=True,
+        parts=NO_PARTS,
+        predictor=pred,
+    )
+    first, second = (make_request(8, Priority.P2, max_tokens=100) for _ in range(2))
+    eng.add_request(first)
+    eng.add_request(second)
+    third = None
+    held_steps = 0
+    while eng.has_unfinished():
+        waits = eng.scheduler.reservation_waits
+        eng.step()
+        clock.advance(0.01)
+        swapped = second.status == RequestStatus.SWAPPED
+        if swapped and third is None:
+            third = make_request(8, Priority.P2, max_tokens=100)
+            eng.add_request(third)
+        elif swapped and eng.scheduler.reservation_waits > waits:
+            held_steps += 1
+            assert third.status == RequestStatus.WAITING  # nobody passes the held one
+    assert held_steps > 0
+    assert first.status == second.status == third.status == RequestStatus.FINISHED
 
 
 def _beside_an_outrunner(reserve):

@@ -16,7 +16,9 @@
   the blocks it and the running requests of c and of the classes above it will take
   (core/projection.py) fits in what c can use: its partition headroom plus the blocks held by
   running requests of less urgent classes (which c may preempt). The projection: one token a
-  step for each (after its prefill); a running request grows to prompt + P50 output and then
+  step for each, from now (a request still in its prefill counts its whole prompt at once and
+  ends after its prefill chunks: early, on the safe side); a running request grows to prompt +
+  P50 output and then
   frees all its blocks; one that has outrun its P50 grows to its survival median (the median of
   the lengths seen beyond what it has produced, ``LengthPredictor.predict_beyond``); the
   candidate grows to prompt + P90 output (its survival median once it has outrun that; less its
@@ -80,7 +82,7 @@ class Predictive:
         self.predictor = predictor or LengthPredictor()
         self.predictions: dict[str, Prediction] = {}  # live requests
         self._survival: dict[str, int] = {}  # outran their P50: predicted length (_beyond)
-        self.reservation_waits = 0  # admissions held back by the reservation
+        self.reservation_waits = 0  # admission and swap-in checks the reservation failed
         if self.config.predictive_order_s > 0:
             self.policy.work_shift = self._work_shift
 
@@ -136,8 +138,14 @@ class Predictive:
         """Steps until `request` has `output` output tokens: its prefill still to compute (a
         chunk a step at most; a decode's one uncomputed token is not one) and one token a step
         after it."""
+        cfg = self.config
+        chunk = cfg.max_num_batched_tokens
+        if request.num_prompt_tokens > cfg.long_prefill_threshold and not (
+            self.policy.traits.prefill_cap_exempt(request)
+        ):
+            chunk = min(chunk, cfg.long_prefill_max_tokens)
         prefill = request.num_tokens - request.num_computed_tokens - 1
-        delay = -(-prefill // self.config.max_num_batched_tokens) if prefill > 0 else 0
+        delay = -(-prefill // chunk) if prefill > 0 else 0
         return delay + max(0, output - request.num_output_tokens)
 
     def _project(self, request: Request, projection: Projection) -> None:
@@ -179,7 +187,8 @@ class Predictive:
     def _reservation_fits(
         self, request: Request, computed: ComputedBlocks, projection: Projection | None
     ) -> bool:
-        """Whether `request` may be admitted under the reservation (see the module doc)."""
+        """Whether `request` may be admitted, or swapped back in, under the reservation (see
+        the module doc)."""
         aware = self.policy.traits.class_aware
         if projection is None or (request.priority == Priority.P0 and aware):
             return True

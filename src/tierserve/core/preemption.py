@@ -55,3 +55,18 @@ class PreemptionCounts:
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
     by_victim_class: list[int] = field(default_factory=lambda: [0] * NUM_PRIORITIES)
+    # by_cause[a][v]: victims of class v preempted to make room for a request of class a (a
+    # growing running request, or one being admitted: `for_admission` counts those); a request
+    # that could not grow and was preempted itself counts as a == v, and in `self_preempted`
+    by_cause: list[list[int]] = field(
+        default_factory=lambda: [[0] * NUM_PRIORITIES for _ in range(NUM_PRIORITIES)]
+    )
+    for_admission: int = 0
+    self_preempted: int = 0
+    victims: int = 0  # distinct requests preempted at least once
+
+    def causes(self) -> dict[str, int]:
+        """``{"P1>P2": n, ...}``: preemptions by (class that needed room, victim class)."""
+        return {
+            f"P{a}>P{v}": n for a, row in enumerate(self.by_cause) for v, n in enumerate(row) if n
+        }

@@ -16,7 +16,8 @@ Between two ends every term is non-decreasing, so over ``[0, H]`` the peak of an
 non-decreasing function of the ``D``s is at an end or at ``H``. ``peak`` walks the ends in
 order: O(n) a check once they are sorted (once a scheduler step; an admitted request is
 inserted in O(n)). The sum of ceilings is bounded from above by
-``floor(sum(L + t + bs - 1) / bs)``: at most one block per request too many, never too few.
+``floor(sum(L + t + bs - 1) / bs)``: never too few, and fewer than one block per projected
+request too many (about half a block each on average: ~15 of 400 blocks with 30 running).
 """
 
 from __future__ import annotations

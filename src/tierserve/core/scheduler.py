@@ -5,7 +5,8 @@ There are no prefill and decode phases: every request has ``num_computed_tokens`
 decode tokens mix in one batch. Each ``schedule()``, in this order:
 
 1. bring swapped requests back, most urgent first, while memory and seats allow and no more
-   urgent request is waiting;
+   urgent request is waiting (with ``predictive_reserve``, while the reservation's check
+   passes: a held swapped request also holds back its class's waiting requests);
 2. keep running requests going, most urgent first; a request that cannot get its next block
    preempts running requests ranked below it (victims chosen by the policy in the KV manager's
    reclaim order) or, if there are none, is preempted itself;
@@ -141,10 +142,9 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
         self._forget = set()
         self._repay_seats(plan)  # seats a cut-in took beyond max_num_seqs (cut_in.py)
         express = self._express_step(now)
-        if not express:
-            self._swap_in(plan)
+        held = None if express else self._swap_in(plan)
         self._schedule_running(plan, express)
-        self._admit_waiting(plan, now, only_p0=bool(express))
+        self._admit_waiting(plan, now, only_p0=bool(express), held=held)
         if not express:
             plan_drafts(self, plan)
         # Requests ended inside this schedule() (alone and out of memory) are forgotten by the
@@ -187,27 +187,24 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
             return n
         return plan.time.fit(n, done, wants_prompt_logprobs(req), keep)
 
-    def _swap_in(self, plan: StepPlan) -> None:
+    def _swap_in(self, plan: StepPlan) -> int | None:
+        """Swap requests back in, in rank order. Returns the class of a swapped request the
+        reservation holds back (None if none): nobody ranked after it is swapped in, and
+        ``_admit_waiting`` admits no waiting request of its class (class-blind: none at all)."""
         if not self.swapped:
-            return
+            return None
         waiting = self.policy.waiting_by_class()
         top_waiting = next((c for c in range(NUM_PRIORITIES) if waiting[c]), NUM_PRIORITIES)
         if not self.policy.traits.class_aware:
             top_waiting = NUM_PRIORITIES  # nobody waiting outranks a swapped request
         projection = self._reservations()  # None unless predictive_reserve
-        skip: set[int] = set()  # classes whose first swapped request the reservation holds
         for req in sorted(self.swapped.values(), key=self.policy.traits.rank):
             if self._seats() <= 0 or plan.budget <= 0 or top_waiting < req.priority:
                 break
-            if req.priority in skip:
-                continue
             if not self._reservation_fits(req, NO_HITS, projection):
                 # Swapped back in, it would be predicted to push a peer out again: it waits
-                # for predicted room like a new request (the others keep their rank order).
-                if not self.policy.traits.class_aware:
-                    break
-                skip.add(req.priority)
-                continue
+                # for predicted room, keeping its place ahead of its class.
+                return int(req.priority)
             mapping = self.kv.swap_in(req)
             if mapping is None:
                 break
@@ -217,6 +214,7 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
             plan.swap_in(req, mapping)
             self.preemptions.swapped_in_blocks += len(mapping)
             self._reserved(req, projection)
+        return None
 
     def _express_step(self, now: float) -> str | None:
         """A P0 request is waiting: build the next step for it (see SchedulerConfig.p0_express),
@@ -290,12 +288,22 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
                     self._preempt(req, plan)
 
     def _admit_waiting(
-        self, plan: StepPlan, now: float, only_p0: bool = False, cut_in: bool = False
+        self,
+        plan: StepPlan,
+        now: float,
+        only_p0: bool = False,
+        cut_in: bool = False,
+        held: int | None = None,
     ) -> None:
         """Admit waiting requests in the policy's order while the step has room; `cut_in`: a
-        step inside a step in flight (core/cut_in.py), which preempts nobody."""
-        projection = self._reservations()  # None unless predictive_reserve
-        skip: set[int] = set()  # classes whose head the reservation holds back
+        step inside a step in flight (core/cut_in.py), which preempts nobody; `held`: the
+        class of a swapped request the reservation holds back (``_swap_in``)."""
+        aware = self.policy.traits.class_aware
+        if held is not None and not aware:
+            return  # one queue: nobody passes the held swapped request
+        # P0 is never held back by the reservation: a P0-only admission needs no projection.
+        projection = None if only_p0 and aware else self._reservations()
+        skip: set[int] = set() if held is None else {held}  # classes the reservation holds back
         while plan.budget > 0:
             req = self.policy.peek(self._state(now, frozenset(skip)))
             if req is None or (only_p0 and req.priority != Priority.P0):

@@ -56,10 +56,12 @@ class Preempting:
         cands = [VictimCandidate(self.running[v.request_id], v.useful_blocks) for v in order]
         victims = self.policy.select_victims(cands, req, max(0, blocks))
         for v in victims:
-            self._preempt(v, plan)
+            self._preempt(v, plan, for_request=req)
         return bool(victims)
 
-    def _preempt(self, victim: Request, plan: StepPlan) -> None:
+    def _preempt(self, victim: Request, plan: StepPlan, for_request: Request | None = None) -> None:
+        """Preempt `victim` (swap or recompute, by cost) to make room for `for_request`, or
+        because it could not grow itself (None)."""
         rid = victim.request_id
         plan.unschedule(victim)
         blocks = len(self.kv.block_ids(rid))
@@ -74,7 +76,15 @@ class Preempting:
         del self.running[rid]
         self.seats_freed += 1
         victim.num_preemptions += 1
-        self.preemptions.by_victim_class[victim.priority] += 1
+        counts = self.preemptions
+        counts.by_victim_class[victim.priority] += 1
+        cause = victim if for_request is None else for_request
+        counts.by_cause[cause.priority][victim.priority] += 1
+        counts.self_preempted += for_request is None
+        counts.for_admission += for_request is not None and for_request.request_id not in (
+            self.running
+        )
+        counts.victims += victim.num_preemptions == 1
         swap = PreemptionMode.SWAP if mapping is not None else PreemptionMode.RECOMPUTE
         self.step_preemptions.append(Preemption(victim.base_priority, swap))
         if mapping is not None:

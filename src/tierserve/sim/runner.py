@@ -186,6 +186,9 @@ def run_simulation(
         / max(ex.totals.busy_s, 1e-9)
         / (hw.mem_bandwidth * cfg.tp),
         preemptions={"swap": sched.preemptions.swap, "recompute": sched.preemptions.recompute},
+        preemption_causes=sched.preemptions.causes(),
+        preempted_requests=sched.preemptions.victims,
+        preemptions_for_admission=sched.preemptions.for_admission,
         swap_blocks={
             "in": sched.preemptions.swapped_in_blocks,
             "out": sched.preemptions.swapped_out_blocks,

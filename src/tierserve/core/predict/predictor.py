@@ -112,8 +112,10 @@ class LengthPredictor:
         produced `produced` tokens and runs on: the `q`-quantile of the lengths seen that
         exceed `produced` (its survival), from the finest key that has seen at least one such
         length among keys with ``min_weight``. With none (it outlived all it resembles), it is
-        predicted to run as long again (``2 * produced``). Between ``produced + 1`` and
-        ``max_tokens``."""
+        predicted to run as long again (``2 * produced``). At most ``max_tokens``, and always
+        above `produced` (``produced + 1`` once it has reached its ``max_tokens``). The sketch
+        counts a bucket straddling `produced` as if uniform inside, so a survival that short
+        comes within that bucket's width (<= 25%)."""
         cap = request.sampling_params.max_tokens
         cfg = self.config
         for key in Features.of(request).key_chain():
