@@ -324,12 +324,11 @@ def test_a_request_waits_when_its_peak_does_not_fit():
     assert not _beside_short_and_long(120)
 
 
-def _victim_swapped_back(reserve):
+def _p2_pushed_out(reserve):
     """40 blocks of 4 tokens, swap on. A P2 request (8 + 100 tokens, 27 blocks at its end)
-    runs; a P0 prompt of 150 tokens (38 blocks) pushes it out; a P1 request (27 blocks at its
-    end) is admitted once the P0 one is done. Swapped back in at once, the P2 request is pushed
-    out again by the P1 request's growth (27 + 27 > 40), over and over. Returns the number of
-    preemptions, after checking all three finish."""
+    runs; a P0 prompt of 150 tokens (38 blocks) arrives to push it out, with a P1 request (27
+    blocks at its end) admitted once the P0 one is done. Returns the engine, its clock and the
+    three requests (P2, P0, P1), the last two just added."""
     eng, clock = build(
         policy="hybrid", num_blocks=40, mode="swap", cpu=64, seqs=8, reserve=reserve, parts=NO_PARTS
     )
@@ -342,6 +341,14 @@ def _victim_swapped_back(reserve):
     p1 = make_request(8, Priority.P1, max_tokens=100)
     eng.add_request(p0)
     eng.add_request(p1)
+    return eng, clock, p2, p0, p1
+
+
+def _victim_swapped_back(reserve):
+    """The P2 request of `_p2_pushed_out`, swapped back in at once, is pushed out again by the
+    P1 request's growth (27 + 27 > 40), over and over. Returns the number of preemptions,
+    after checking all three finish."""
+    eng, clock, p2, p0, p1 = _p2_pushed_out(reserve)
     drain(eng, clock)
     assert p0.status == p1.status == p2.status == RequestStatus.FINISHED
     counts = eng.scheduler.preemptions
@@ -366,16 +373,7 @@ def test_a_held_swapped_request_keeps_its_place_ahead_of_its_class():
     """While the reservation holds the swapped P2 request back, a small P2 request that arrives
     (it would fit beside the P1 request's growth) is not admitted ahead of it: it waits until
     the swapped one is back, then both finish with one preemption in all."""
-    eng, clock = build(
-        policy="hybrid", num_blocks=40, mode="swap", cpu=64, seqs=8, reserve=True, parts=NO_PARTS
-    )
-    p2 = make_request(8, Priority.P2, max_tokens=100)
-    eng.add_request(p2)
-    for _ in range(5):
-        eng.step()
-        clock.advance(0.01)
-    eng.add_request(make_request(150, Priority.P0, max_tokens=1))
-    eng.add_request(make_request(8, Priority.P1, max_tokens=100))
+    eng, clock, p2, _, _ = _p2_pushed_out(reserve=True)
     for _ in range(3):
         eng.step()
         clock.advance(0.01)

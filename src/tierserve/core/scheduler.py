@@ -187,35 +187,6 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
             return n
         return plan.time.fit(n, done, wants_prompt_logprobs(req), keep)
 
-    def _swap_in(self, plan: StepPlan) -> int | None:
-        """Swap requests back in, in rank order. Returns the class of a swapped request the
-        reservation holds back (None if none): nobody ranked after it is swapped in, and
-        ``_admit_waiting`` admits no waiting request of its class (class-blind: none at all)."""
-        if not self.swapped:
-            return None
-        waiting = self.policy.waiting_by_class()
-        top_waiting = next((c for c in range(NUM_PRIORITIES) if waiting[c]), NUM_PRIORITIES)
-        if not self.policy.traits.class_aware:
-            top_waiting = NUM_PRIORITIES  # nobody waiting outranks a swapped request
-        projection = self._reservations()  # None unless predictive_reserve
-        for req in sorted(self.swapped.values(), key=self.policy.traits.rank):
-            if self._seats() <= 0 or plan.budget <= 0 or top_waiting < req.priority:
-                break
-            if not self._reservation_fits(req, NO_HITS, projection):
-                # Swapped back in, it would be predicted to push a peer out again: it waits
-                # for predicted room, keeping its place ahead of its class.
-                return int(req.priority)
-            mapping = self.kv.swap_in(req)
-            if mapping is None:
-                break
-            del self.swapped[req.request_id]
-            req.transition(S.RUNNING)
-            self.running[req.request_id] = req
-            plan.swap_in(req, mapping)
-            self.preemptions.swapped_in_blocks += len(mapping)
-            self._reserved(req, projection)
-        return None
-
     def _express_step(self, now: float) -> str | None:
         """A P0 request is waiting: build the next step for it (see SchedulerConfig.p0_express),
         so its first token does not wait behind other classes' work. Rate-limited so the others

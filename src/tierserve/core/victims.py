@@ -1,23 +1,26 @@
 """Preemption as the scheduler does it: how many blocks a request is short of, victims chosen
-by the policy in the KV manager's reclaim order, and each victim swapped out or dropped for
-recompute by cost (preemption.py). Mixed into ``Scheduler``; it happens in ``schedule()``,
-between steps: a victim already planned in this step is taken out of the plan first."""
+by the policy in the KV manager's reclaim order, each victim swapped out or dropped for
+recompute by cost (preemption.py), and swapped victims brought back. Mixed into
+``Scheduler``; it happens in ``schedule()``, between steps: a victim already planned in this
+step is taken out of the plan first."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tierserve.core.kv.manager import ComputedBlocks
+from tierserve.core.kv.manager import NO_HITS, ComputedBlocks
 from tierserve.core.preemption import PreemptionMode, choose_mode
 from tierserve.core.stats import Preemption
 from tierserve.core.step_state import StepPlan
 from tierserve.policies import VictimCandidate
+from tierserve.priority import NUM_PRIORITIES
 from tierserve.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from tierserve.config import SchedulerConfig
     from tierserve.core.kv import KVCacheManager
     from tierserve.core.preemption import PreemptionCosts, PreemptionCounts
+    from tierserve.core.projection import Projection
     from tierserve.policies import Policy
 
 S = RequestStatus
@@ -35,6 +38,44 @@ class Preempting:
     seats_freed: int
 
     def _enqueue(self, request: Request, requeue: bool) -> None: ...
+
+    if TYPE_CHECKING:  # from Scheduler and Predictive (stubs here would shadow them)
+
+        def _seats(self) -> int: ...
+        def _reservations(self) -> Projection | None: ...
+        def _reservation_fits(
+            self, request: Request, computed: ComputedBlocks, projection: Projection | None
+        ) -> bool: ...
+        def _reserved(self, request: Request, projection: Projection | None) -> None: ...
+
+    def _swap_in(self, plan: StepPlan) -> int | None:
+        """Swap requests back in, in rank order. Returns the class of a swapped request the
+        reservation holds back (None if none): nobody ranked after it is swapped in, and
+        ``_admit_waiting`` admits no waiting request of its class (class-blind: none at all)."""
+        if not self.swapped:
+            return None
+        waiting = self.policy.waiting_by_class()
+        top_waiting = next((c for c in range(NUM_PRIORITIES) if waiting[c]), NUM_PRIORITIES)
+        if not self.policy.traits.class_aware:
+            top_waiting = NUM_PRIORITIES  # nobody waiting outranks a swapped request
+        projection = self._reservations()  # None unless predictive_reserve
+        for req in sorted(self.swapped.values(), key=self.policy.traits.rank):
+            if self._seats() <= 0 or plan.budget <= 0 or top_waiting < req.priority:
+                break
+            if not self._reservation_fits(req, NO_HITS, projection):
+                # Swapped back in, it would be predicted to push a peer out again: it waits
+                # for predicted room, keeping its place ahead of its class.
+                return int(req.priority)
+            mapping = self.kv.swap_in(req)
+            if mapping is None:
+                break
+            del self.swapped[req.request_id]
+            req.transition(S.RUNNING)
+            self.running[req.request_id] = req
+            plan.swap_in(req, mapping)
+            self.preemptions.swapped_in_blocks += len(mapping)
+            self._reserved(req, projection)
+        return None
 
     def _shortfall(self, req: Request, n: int, computed: ComputedBlocks) -> int:
         """Blocks `req` needs beyond what its class can be given right now."""
