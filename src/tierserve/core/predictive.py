@@ -18,21 +18,21 @@
   running requests of less urgent classes (which c may preempt). The projection: one token a
   step for each, from now (a request still in its prefill counts its whole prompt at once and
   ends after its prefill chunks: early, on the safe side); a running request grows to prompt +
-  P50 output and then
-  frees all its blocks; one that has outrun its P50 grows to its survival median (the median of
-  the lengths seen beyond what it has produced, ``LengthPredictor.predict_beyond``); the
-  candidate grows to prompt + P90 output (its survival median once it has outrun that; less its
-  prefix hits); the peak is at one of the ends or at the candidate's end. A more
-  urgent class's blocks count only beyond the room it fills first and c cannot use
-  (``KVCacheManager.own_rooms``: P0's floor; P1's reservation, unless c may borrow it): P1
-  growing inside its reservation takes nothing from P2, and frees give back only what it held
-  beyond it. Class-blind policies count everyone's blocks in full. The running requests are
-  projected once a step and each admitted request is added. So neither the new request nor
-  its peers are expected to be preempted by growth already admitted. With no running request
-  of c or above it is admitted as before. A request that outruns its prediction grows and
-  preempts exactly as today; a request with no prediction is projected to keep what it holds.
-  Gating the swap-in matters as much as the admission: a victim swapped back in as soon as its
-  blocks are free is pushed out again by the growth that pushed it out first.
+  P50 output and then frees all its blocks; one that has outrun its P50 grows to its survival
+  median (the median of the lengths seen beyond what it has produced,
+  ``LengthPredictor.predict_beyond``); the candidate grows to prompt + P90 output (its survival
+  median once it has outrun that; less its prefix hits); the peak is at one of the ends or at
+  the candidate's end. A more urgent class's blocks count only beyond the room it fills first
+  and c cannot use (``KVCacheManager.own_rooms``: P0's floor; P1's reservation, unless c may
+  borrow it): P1 growing inside its reservation takes nothing from P2, and frees give back
+  only what it held beyond it. Class-blind policies count everyone's blocks in full. The
+  running requests are projected once a step and each admitted request is added. So neither
+  the new request nor its peers are expected to be preempted by growth already admitted.
+  With no running request of c or above it is admitted as before. A request that outruns its
+  prediction grows and preempts exactly as today; a request with no prediction is projected
+  to keep what it holds. Gating the swap-in matters as much as the admission: a victim
+  swapped back in as soon as its blocks are free is pushed out again by the growth that
+  pushed it out first.
 * Routing (``SchedulerConfig.predictive_routing``): the scheduler's record carries a
   ``PredictedLoad`` (``predicted_load``): per class, the KV blocks its running, swapped and
   waiting requests are predicted to hold when they end (prompt + P50 output, at least what
