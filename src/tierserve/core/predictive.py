@@ -138,12 +138,10 @@ class Predictive:
         """Steps until `request` has `output` output tokens: its prefill still to compute (a
         chunk a step at most; a decode's one uncomputed token is not one) and one token a step
         after it."""
-        cfg = self.config
-        chunk = cfg.max_num_batched_tokens
-        if request.num_prompt_tokens > cfg.long_prefill_threshold and not (
-            self.policy.traits.prefill_cap_exempt(request)
-        ):
-            chunk = min(chunk, cfg.long_prefill_max_tokens)
+        chunk = self.config.max_num_batched_tokens
+        long_cap = self.policy.traits.long_prefill_cap(request, self.config)
+        if long_cap is not None:
+            chunk = min(chunk, long_cap)
         prefill = request.num_tokens - request.num_computed_tokens - 1
         delay = -(-prefill // chunk) if prefill > 0 else 0
         return delay + max(0, output - request.num_output_tokens)

@@ -168,10 +168,9 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
         may still take, keeping `keep` seconds for work that must still come in."""
         remaining = req.num_tokens - req.num_computed_tokens - already
         cap = plan.budget if cap is None else min(cap, plan.budget)
-        if req.num_prompt_tokens > self.config.long_prefill_threshold and not (
-            self.policy.traits.prefill_cap_exempt(req)
-        ):
-            cap = min(cap, self.config.long_prefill_max_tokens)
+        long_cap = self.policy.traits.long_prefill_cap(req, self.config)
+        if long_cap is not None:
+            cap = min(cap, long_cap)
         n = max(0, min(remaining, cap))
         if remaining <= 1:
             return n  # a decode (counted in the time budget upfront)

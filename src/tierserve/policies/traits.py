@@ -16,6 +16,7 @@ from tierserve.policies.order import ServiceOrder
 from tierserve.priority import Priority
 
 if TYPE_CHECKING:
+    from tierserve.config import SchedulerConfig
     from tierserve.request import Request
 
 
@@ -53,6 +54,16 @@ class PolicyTraits:
 
     def prefill_cap_exempt(self, request: Request) -> bool:
         return request.priority in self.cap_exempt
+
+    def long_prefill_cap(self, request: Request, config: SchedulerConfig) -> int | None:
+        """The most prompt tokens `request` computes in one step by the long-prefill rule: a
+        prompt over ``long_prefill_threshold`` tokens, of a class not exempt, goes by chunks of
+        ``long_prefill_max_tokens``. None: no such cap."""
+        if request.num_prompt_tokens > config.long_prefill_threshold and not (
+            self.prefill_cap_exempt(request)
+        ):
+            return config.long_prefill_max_tokens
+        return None
 
 
 @dataclass(frozen=True)
