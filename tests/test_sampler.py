@@ -90,3 +90,23 @@ def test_kernel_draw_matches_the_reference_draw():
     logits[::3, ::7] = float("-inf")  # filtered tokens
     keys = torch.randint(0, 1 << 32, (64,), generator=g)
     assert torch.equal(EXT.gumbel_argmax(logits, keys), gumbel_argmax(logits, keys))
+
+
+@pytest.mark.skipif(EXT is None, reason="kernels not built")
+@pytest.mark.parametrize("vocab", [1, 7, 8, 9, 100, 49152, 49155])
+def test_kernel_argmax_and_logsumexp_match_torch(vocab):
+    # The greedy token and every chosen logprob's normaliser come from this kernel: ties go to
+    # the lowest id, a NaN wins argmax and poisons the sum, -inf rows stay -inf, +inf wins.
+    g = torch.Generator().manual_seed(vocab)
+    logits = (torch.randn(6, vocab + 3, generator=g) * 8)[:, :vocab]  # rows strided
+    logits[1] = float("-inf")
+    if vocab > 2:
+        logits[2, vocab // 2] = logits[2, vocab - 1] = float("nan")
+        logits[3, vocab - 2] = float("inf")
+        logits[4] = logits[4].round()
+        logits[4, 1] = logits[4, vocab - 1] = 100.0  # a tie for the maximum
+        logits[5, : vocab - 1] = float("-inf")  # one finite logit, last
+    tokens, lse = EXT.argmax_logsumexp(logits)
+    assert torch.equal(tokens, torch.argmax(logits, dim=-1))
+    ref = torch.logsumexp(logits, dim=-1)
+    assert torch.allclose(lse, ref, rtol=1e-6, atol=1e-6, equal_nan=True)

@@ -158,8 +158,11 @@ class Sampler:
         logprobs under the model's raw distribution, and the top-k of the rows that ask."""
         if masks is not None:
             apply_token_bitmask(logits, masks.rows, masks.bitmask)
-        lse = torch.logsumexp(logits, dim=-1)
-        tokens = torch.argmax(logits, dim=-1)
+        if self.kernels is not None and logits.device.type == "cpu" and logits.stride(-1) == 1:
+            tokens, lse = self.kernels.argmax_logsumexp(logits)  # one kernel, 2 reads a row
+        else:
+            lse = torch.logsumexp(logits, dim=-1)
+            tokens = torch.argmax(logits, dim=-1)
         work = [i for i, r in enumerate(rows) if r.params.temperature != 0.0 or needs_processing(r)]
         if work:
             wrows = [rows[i] for i in work]

@@ -14,6 +14,7 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
                           const at::Tensor& v_cache, const at::Tensor& tables,
                           const at::Tensor& segments, double scale, at::Tensor& out);
 at::Tensor gumbel_argmax(const at::Tensor& logits, const at::Tensor& keys);
+std::tuple<at::Tensor, at::Tensor> argmax_logsumexp(const at::Tensor& logits);
 int64_t vector_lanes();
 void decoder_layer(at::Tensor& x, const QWeight& w_qkv, const c10::optional<at::Tensor>& b_qkv,
                    const QWeight& w_o, const QWeight& w_gate_up, const QWeight& w_down,
@@ -65,6 +66,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention_into", &tierserve::paged_attention_into, "attention by segments",
         release());
   m.def("gumbel_argmax", &tierserve::gumbel_argmax, "seeded Gumbel-max draw per row", release());
+  m.def("argmax_logsumexp", &tierserve::argmax_logsumexp, "(argmax, logsumexp) per row",
+        release());
   m.def("decoder_layer", &tierserve::decoder_layer, "one decoder layer, x in place", release());
   m.def("set_kernel_threads", &tierserve::set_kernel_threads,
         "threads the kernels' parallel regions use, the caller included", release());
