@@ -21,6 +21,8 @@ from tierserve.core.spec import (
     propose_ngram,
 )
 from tierserve.executor.fake import next_token
+from tierserve.request import Request
+from tierserve.sampling_params import SamplingParams
 
 # -- the drafter ---------------------------------------------------------------------------
 
@@ -80,6 +82,29 @@ def test_acceptance_is_measured_per_class_per_compared_draft():
     assert spec.acceptance(0) > 0.9 and spec.acceptance(3) < 0.1
     assert spec.acceptance(1) == pytest.approx(0.5)  # never observed: the prior
     assert spec.counts.drafted[0] == 800 and spec.counts.emitted[3] == 200
+
+
+def test_a_request_in_a_rejecting_phase_is_expected_to_accept_less_than_its_class():
+    # Acceptance comes in phases (copying the input, then writing anew): a request's own last
+    # verifications move its estimate away from its class's, and a fresh one gets the class's.
+    spec = Speculation(SpecConfig(prior_acceptance=0.5))
+    copying, writing, fresh = (
+        Request(rid, [1, 2, 3], SamplingParams(max_tokens=8)) for rid in "abc"
+    )
+    for _ in range(20):
+        spec.observe_request(copying, drafted=4, accepted=4)
+        spec.observe_request(writing, drafted=4, accepted=0)
+    cls = spec.acceptance(fresh.priority)  # their class's: 4 of 4, then 0 of 1 compared
+    assert spec.acceptance_of(fresh) == pytest.approx(cls)
+    assert spec.acceptance_of(writing) < 0.4 < cls < spec.acceptance_of(copying)
+    # the rule then drafts for the copying request and not for the writing one
+    flat = lambda k: 0.002 * k  # noqa: E731 (each draft adds 2 ms to a 20 ms step of 4 tokens)
+    assert pick_draft_len(spec.acceptance_of(copying), 4, 4, 0.020, flat) == 4
+    assert pick_draft_len(spec.acceptance_of(writing), 4, 4, 0.020, flat) == 0
+    # decayed: the writing request's estimate recovers within a few accepted verifications
+    for _ in range(4):
+        spec.observe_request(writing, drafted=4, accepted=4)
+    assert spec.acceptance_of(writing) > cls
 
 
 def test_speculative_config_takes_vllm_keys_and_names_bad_ones():

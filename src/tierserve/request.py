@@ -147,6 +147,10 @@ class Request:
     # Speculative decoding: draft tokens verified for this request, and those accepted.
     num_draft_tokens: int = field(default=0, init=False)
     num_accepted_tokens: int = field(default=0, init=False)
+    # ... and the recent drafts compared and accepted, decayed per verification: a request
+    # copying its input accepts nearly all, the same request writing anew nearly none
+    # (core/spec/speculation.py, `Speculation.acceptance_of`).
+    spec_recent: tuple[float, float] = field(default=(0.0, 0.0), init=False)
     # The output length the scheduler's predictor expected (P50) when it took the request in,
     # and whether the request then ended the model's way (EOS, a stop, or max_tokens): what the
     # prediction-error metric compares (core/predictive.py).

@@ -351,7 +351,7 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
             got, reason = take_output(req, result, now, self.config.max_model_len)
             if drafts and self.speculation is not None:
                 accepted = len(result.accepted_token_ids.get(rid, ()))
-                self.speculation.observe(req.priority, drafts, accepted, accepted + 1)
+                self.speculation.observe_request(req, drafts, accepted)
                 req.num_draft_tokens += drafts
                 req.num_accepted_tokens += accepted
                 self.kv.trim(req)

@@ -66,7 +66,7 @@ def plan_drafts(s: Scheduler, plan: StepPlan) -> None:
 
         # The rule first (plain arithmetic), the drafter only where drafts could pay: a large
         # batch never pays for a lookup per request.
-        alpha = spec.acceptance(req.priority)
+        alpha = spec.acceptance_of(req)
         floor = cfg.throughput_floor if req.priority in cfg.latency_classes else 1.0
 
         k = pick_draft_len(alpha, room, tokens, step_s, extra, floor, base_rate)
