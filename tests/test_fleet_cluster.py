@@ -335,7 +335,14 @@ def test_a_request_waits_at_the_ingress_and_goes_to_the_replica_that_frees_first
             assert held(fleet) == 1
             for g in quick_gens:
                 g.cancel()
-            r = job.result()
+            try:
+                r = job.result()
+            except httpx.ReadTimeout as e:  # where was it: still held, or sent, and to whom?
+                running = {k: v["load"]["running"] for k, v in board_view()["replicas"].items()}
+                sent = {k: routed(fleet, k) - before[k] for k in before}
+                raise AssertionError(
+                    f"no reply in 60 s: held {held(fleet)}, routed since {sent}, running {running}"
+                ) from e
         took = time.monotonic() - t0
         assert held(fleet) == 0
         assert r.status_code == 200, r.text

@@ -352,8 +352,6 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
             if drafts and self.speculation is not None:
                 accepted = len(result.accepted_token_ids.get(rid, ()))
                 self.speculation.observe_request(req, drafts, accepted)
-                req.num_draft_tokens += drafts
-                req.num_accepted_tokens += accepted
                 self.kv.trim(req)
             if reason is not None:
                 self.finish(rid, S.FINISHED, reason)

@@ -99,13 +99,15 @@ class Speculation:
         return (accepted + cls * REQUEST_PRIOR) / (compared + REQUEST_PRIOR)
 
     def observe_request(self, request: Request, drafted: int, accepted: int) -> None:
-        """One verification of `request`'s drafts: its class's rate and its own."""
-        compared = accepted + (accepted < drafted)
+        """One verification of `request`'s drafts: its counts, its class's rate and its own."""
+        request.num_draft_tokens += drafted
+        request.num_accepted_tokens += accepted
+        compared = self.observe(request.priority, drafted, accepted, accepted + 1)
         c, a = request.spec_recent
         request.spec_recent = (c * REQUEST_DECAY + compared, a * REQUEST_DECAY + accepted)
-        self.observe(request.priority, drafted, accepted, accepted + 1)
 
-    def observe(self, priority: int, drafted: int, accepted: int, emitted: int) -> None:
+    def observe(self, priority: int, drafted: int, accepted: int, emitted: int) -> int:
+        """One verification in class `priority`. Returns the drafts compared."""
         compared = accepted + (accepted < drafted)
         d = self.decay**compared
         self._compared[priority] = self._compared[priority] * d + compared
@@ -120,6 +122,7 @@ class Speculation:
         c.accepted[priority] += accepted
         c.emitted[priority] += emitted
         c.verifications[priority] += 1
+        return compared
 
     def take_step(self) -> SpecStepStats | None:
         """What was verified since the last call (None: nothing), with the totals."""
