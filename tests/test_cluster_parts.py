@@ -264,6 +264,23 @@ def test_router_ranks_with_the_shared_rule_and_annotates_the_payload():
     assert p["route"]["ranking"] == [["b", "p0-preempt"], ["a", "p0-preempt"], ["c", "unranked"]]
 
 
+def test_router_puts_the_replicas_the_ingress_saw_room_in_first():
+    # b looks full in its (older) stats, a idle; the ingress released the request for a seat
+    # it saw free on b: b first, then the ranking's order; an avoided preferred one stays last.
+    router = make_router()
+    a = FakeReplica("a", stats("a").to_dict())
+    b = FakeReplica("b", stats("b", running=(0, 4, 0, 0), used_blocks=(0, 40, 0, 0)).to_dict())
+    pending, p = route_request(priority=Priority.P3)
+    assert asyncio.run(router.choose_replicas([a, b], pending)) == [[a], [b]]
+    pending, p = route_request(priority=Priority.P3)
+    p["route"]["prefer"] = ["b"]
+    assert asyncio.run(router.choose_replicas([a, b], pending)) == [[b], [a]]
+    assert [rid for rid, _ in p["route"]["ranking"]] == ["b", "a"]
+    pending, p = route_request(priority=Priority.P3, avoid=("b",))
+    p["route"]["prefer"] = ["b"]
+    assert asyncio.run(router.choose_replicas([a, b], pending)) == [[a], [b]]
+
+
 def test_router_honours_pins_and_puts_avoided_replicas_last():
     router = make_router()
     a, b = FakeReplica("a", stats("a").to_dict()), FakeReplica("b", stats("b").to_dict())

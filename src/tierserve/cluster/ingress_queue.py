@@ -51,7 +51,14 @@ from dataclasses import dataclass, field
 from tierserve.cluster.fleet import FleetView
 from tierserve.cluster.signals import held_metrics
 from tierserve.priority import NUM_PRIORITIES, Priority
-from tierserve.routing.late_binding import BATCH_CLASSES, WaitQueue, batch_room, class_room
+from tierserve.routing.late_binding import (
+    BATCH_CLASSES,
+    WaitQueue,
+    batch_room,
+    class_room,
+    could_batch,
+    seat_room,
+)
 
 # A replica's report shows its engine up to a snapshot period before it was sent (as
 # remote_engine.ACK_MARGIN_S): a request sent that little before a report counts as not in it.
@@ -129,22 +136,27 @@ class IngressQueue:
             self._freed[priority].append(self._now())
             self._dispatch()
 
-    async def wait_turn(self, priority: Priority, tenant: str, prompt_tokens: int = 0) -> None:
+    async def wait_turn(
+        self, priority: Priority, tenant: str, prompt_tokens: int = 0
+    ) -> tuple[str, ...]:
         """Return when a request of `priority` from `tenant` with a prompt of `prompt_tokens`
         may be sent (at once for P0; with room for its class and no one of its class or a
         more urgent one waiting before it; or, P2 and P3, when a replica could batch it).
+        Returns the replicas whose room let it go, as the board shows them (empty: no
+        preference): the router's own stats may be older than the board's view, and a request
+        released for a seat that just freed must not be ranked onto a replica still full.
         Cancelled while waiting: its entry is gone."""
         room = 1 if priority == Priority.P0 else self.room(priority)
         if self._waiting.may_go_now(priority, room):
             self._note_sent(priority, prompt_tokens)
-            return
+            return () if priority == Priority.P0 else self._with_seats(priority)
         turn = asyncio.get_running_loop().create_future()
         entry = _Entry(tenant, turn, prompt_tokens, self._now())
         self._waiting.push(priority, tenant, entry)
         if priority in BATCH_CLASSES:
             self._dispatch()  # a replica may batch it now
         try:
-            await entry.turn
+            return await entry.turn
         except asyncio.CancelledError:  # the client left while it waited: out of the queue
             # (its turn may have come in the same loop turn: then the seat stays counted as
             # taken until the next report)
@@ -157,13 +169,28 @@ class IngressQueue:
         self._sent[c].append(now)
         self._sent_tokens.append((now, prompt_tokens))
 
-    def _send(self, c: Priority, entry: _Entry) -> None:
+    def _with_seats(self, c: Priority) -> tuple[str, ...]:
+        """The replicas the board shows with a seat for class `c`."""
+        return tuple(sorted(r for r, x in self.view.loads.items() if seat_room(x, c) > 0))
+
+    def _send(self, c: Priority, entry: _Entry, where: tuple[str, ...]) -> None:
         if not entry.turn.done():  # (one cancelled in this loop turn is skipped)
             self._note_sent(c, entry.prompt_tokens)
-            entry.turn.set_result(None)
+            entry.turn.set_result(where)
+
+    def _send_by_seat(self, c: Priority, entry: _Entry) -> None:
+        self._send(c, entry, self._with_seats(c))
+
+    def _send_by_budget(self, c: Priority, entry: _Entry) -> None:
+        loads = self.view.loads.items()
+        self._send(
+            c, entry, tuple(sorted(r for r, x in loads if could_batch(x, c, entry.prompt_tokens)))
+        )
 
     def _dispatch(self) -> None:
         """Send waiting requests in class order while their class has room; then held P2
         and P3 while a replica could batch them."""
-        self._waiting.release(self.room, self._send)
-        self._waiting.release_to_batch(self.batch_room, lambda e: e.prompt_tokens, self._send)
+        self._waiting.release(self.room, self._send_by_seat)
+        self._waiting.release_to_batch(
+            self.batch_room, lambda e: e.prompt_tokens, self._send_by_budget
+        )

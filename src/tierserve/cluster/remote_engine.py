@@ -79,6 +79,8 @@ class RemoteStream(Stream):
         self.route = route
         self.task: asyncio.Task | None = None
         self.replica: str | None = None
+        # Late binding: the replicas whose room released it (the router ranks them first).
+        self.prefer: tuple[str, ...] = ()
         self.sent_tokens = 0
         self.acked = False
         self.acked_at = -float("inf")  # when its replica's hello came (monotonic)
@@ -242,7 +244,9 @@ class RemoteEngine:
         if self.queue is not None:  # late binding: sent once a seat is free (a client that
             # leaves meanwhile cancels this task, which takes its entry out of the queue)
             req = stream.request
-            await self.queue.wait_turn(req.priority, req.tenant, req.num_prompt_tokens)
+            stream.prefer = await self.queue.wait_turn(
+                req.priority, req.tenant, req.num_prompt_tokens
+            )
         try:
             for attempt in range(self.max_retries + 1):
                 err = await self._attempt(stream, avoid)
@@ -283,7 +287,7 @@ class RemoteEngine:
     async def _attempt(self, stream: RemoteStream, avoid: list[str]) -> BaseException | None:
         """Stream one try; None when it finished, the failure when its replica failed."""
         payload = wire.request_payload(
-            stream.request, stream.route, tuple(avoid), now=self.clock.now()
+            stream.request, stream.route, tuple(avoid), now=self.clock.now(), prefer=stream.prefer
         )
         gen = self._open_stream(payload)
         try:

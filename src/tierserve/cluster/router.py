@@ -76,6 +76,12 @@ class TierRequestRouter(RequestRouter):
         rest = sorted(rid for rid in by_id if rid not in ranked and rid not in avoid)
         ranking += [(rid, wire.UNRANKED) for rid in rest]
         ranking += [(rid, "avoided") for rid in sorted(avoid) if rid in by_id]
+        # Released from the ingress's wait for room it saw on some replicas: those first (in
+        # the ranking's order). The board's view can be fresher than these stats; without this a
+        # request let go for a seat that just freed was ranked onto a replica still full.
+        prefer = set(wire.prefer_of(payload)) - avoid
+        if prefer:
+            ranking.sort(key=lambda x: x[0] not in prefer)  # stable
         wire.annotate(payload, ranking)
         if ranking:
             self._local.sent(ranking[0][0], route.prompt_tokens, route.priority, now)

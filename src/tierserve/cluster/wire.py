@@ -40,6 +40,7 @@ def request_payload(
     avoid: tuple[str, ...] = (),
     pin: str | None = None,
     now: float | None = None,
+    prefer: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """`req` as plain data: every field, except that the sampling parameters go as their
     constructor arguments, the deadline relative to the arrival, and the arrival as the time
@@ -59,6 +60,7 @@ def request_payload(
             "prefix_hashes": list(route.prefix_hashes),
             "avoid": list(avoid),
             "pin": pin,
+            "prefer": list(prefer),
         },
     }
 
@@ -100,6 +102,11 @@ def route_of(p: dict[str, Any]) -> tuple[RouteRequest, frozenset[str], str | Non
     r = p["route"]
     req = RouteRequest(Priority(r["priority"]), r["prompt_tokens"], tuple(r["prefix_hashes"]))
     return req, frozenset(r.get("avoid") or ()), r.get("pin")
+
+
+def prefer_of(p: dict[str, Any]) -> tuple[str, ...]:
+    """The replicas the ingress saw room in when it released the request (late binding)."""
+    return tuple(p["route"].get("prefer") or ())
 
 
 def annotate(p: dict[str, Any], ranking: list[tuple[str, str]]) -> None:

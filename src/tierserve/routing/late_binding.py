@@ -78,10 +78,15 @@ def batch_room(loads: Iterable[StepLoad], priority: Priority, prompt_tokens: int
     )
 
 
+def seat_room(load: SeatLoad, priority: Priority) -> int:
+    """Seats of one replica a class-`priority` request could take now."""
+    c = int(priority) + 1
+    return max(0, load.max_num_seqs - sum(load.running[:c]) - sum(load.waiting[:c]))
+
+
 def class_room(loads: Iterable[SeatLoad], priority: Priority) -> int:
     """Seats of the replicas in `loads` a class-`priority` request could take now."""
-    c = int(priority) + 1
-    return sum(max(0, x.max_num_seqs - sum(x.running[:c]) - sum(x.waiting[:c])) for x in loads)
+    return sum(seat_room(x, priority) for x in loads)
 
 
 class WaitQueue(Generic[T]):
