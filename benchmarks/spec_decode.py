@@ -11,8 +11,13 @@ edit; open_chat_prompts.jsonl) and each concurrency, the prompts run as greedy P
 for itself; `--free-drafts`: the rule prices the draft model's passes at 0 s, so it drafts even
 where they cannot pay, to measure what they do).
 Reports mean TPOT (first token to last, per request), mean TTFT, tok/s, the acceptance rate,
-and whether the outputs were token-identical. One process, one engine at a time: run it on a
-quiet machine and name the CPU (`lscpu`) beside the figures.
+and whether the outputs were token-identical. `--rounds N` runs the arms N times in turn and
+reports medians (this VM's speed moves ~10-30% within minutes: a ratio needs interleaving;
+from the second run of a prompt set on, its prompts hit the prefix cache, so TTFT is mostly
+the cached one);
+`--class-rule` adds an arm whose rule reads only its class's acceptance, not each request's own
+recent acceptance (`Speculation.acceptance_of`), the rule before 3a05f76. One process, one
+engine at a time: run it on a quiet machine and name the CPU (`lscpu`) beside the figures.
 """
 
 from __future__ import annotations
@@ -86,48 +91,83 @@ def main() -> None:
         "--quantization", default="auto", help="the target's (none: float32 weights; the draft "
         "model keeps its own precision)"
     )  # fmt: skip
+    ap.add_argument(
+        "--rounds", type=int, default=1,
+        help="run every arm this many times, interleaved, and report the medians"
+    )  # fmt: skip
+    ap.add_argument(
+        "--class-rule", action="store_true",
+        help="a third arm whose rule reads only its class's acceptance, not the request's own"
+    )  # fmt: skip
     a = ap.parse_args()
     draft = str(default_model_path()) if a.draft_model == "embedded" else a.draft_model
-    engines = {
-        "off": LLM(kv_cache_gib=0.5, activations=a.activations, quantization=a.quantization),
-        "on": LLM(
+
+    def engine(spec: bool) -> LLM:
+        return LLM(
             kv_cache_gib=0.5,
             activations=a.activations,
             quantization=a.quantization,
-            speculative_config=SpecConfig(num_speculative_tokens=a.k),
-            speculative_model=draft,
-        ),
-    }
+            speculative_config=SpecConfig(num_speculative_tokens=a.k) if spec else None,
+            speculative_model=draft if spec else None,
+        )
+
+    engines = {"off": engine(False), "on": engine(True)}
+    if a.class_rule:  # the rule before per-request acceptance (Speculation.acceptance_of)
+        engines["class"] = engine(True)
+        sp = engines["class"].engine.scheduler.speculation
+        sp.acceptance_of = lambda req, sp=sp: sp.acceptance(req.priority)
     drafter = engines["on"].engine.executor.drafter
     if drafter is not None:
         print(f"draft model {draft}: one pass {1e3 * drafter.pass_s:.1f} ms at start")
         if a.free_drafts:
-            engines["on"].engine.scheduler.speculation.draft_pass_s = lambda: 0.0
-    for llm in engines.values():  # warm both (autotune, first steps)
+            for name in ("on", "class"):
+                if name in engines:
+                    engines[name].engine.scheduler.speculation.draft_pass_s = lambda: 0.0
+    for llm in engines.values():  # warm every engine (autotune, first steps)
         run(llm, load("open_chat_prompts.jsonl")[:2], 2, 16)
+    arms = [name for name in engines if name != "off"]
     print(
-        "| prompts | clients | TPOT off (ms) | TPOT on (ms) | TPOT gain | TTFT off / on (ms) "
-        "| tok/s off / on | acceptance | identical |"
+        "| prompts | clients | rule | TPOT off (ms) | TPOT on (ms) | TPOT gain "
+        "| TTFT off / on (ms) | tok/s off / on | acceptance | identical |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in a.sets:
         prompts = load(f"{name}.jsonl")
         for c in a.concurrency:
-            spec = engines["on"].engine.scheduler.speculation
-            before = (sum(spec.counts.drafted), sum(spec.counts.accepted))
-            off = run(engines["off"], prompts, c, a.max_tokens)
-            on = run(engines["on"], prompts, c, a.max_tokens)
-            drafted = sum(spec.counts.drafted) - before[0]
-            accepted = sum(spec.counts.accepted) - before[1]
-            same = off["outputs"] == on["outputs"]
-            print(
-                f"| {name} | {c} | {off['tpot_ms']:.1f} | {on['tpot_ms']:.1f} "
-                f"| {off['tpot_ms'] / on['tpot_ms']:.2f}x "
-                f"| {off['ttft_ms']:.0f} / {on['ttft_ms']:.0f} "
-                f"| {off['tok_s']:.1f} / {on['tok_s']:.1f} "
-                f"| {accepted / drafted if drafted else 0:.2f} ({drafted} drafts) | {same} |",
-                flush=True,
-            )
+            results: dict[str, list[dict]] = {arm: [] for arm in engines}
+            counts = {arm: [0, 0] for arm in arms}
+            for _ in range(a.rounds):
+                for arm, llm in engines.items():
+                    spec = llm.engine.scheduler.speculation
+                    before = (sum(spec.counts.drafted), sum(spec.counts.accepted)) if spec else 0
+                    results[arm].append(run(llm, prompts, c, a.max_tokens))
+                    if spec is not None:
+                        counts[arm][0] += sum(spec.counts.drafted) - before[0]
+                        counts[arm][1] += sum(spec.counts.accepted) - before[1]
+            off = _median(results["off"])
+            for arm in arms:
+                on = _median(results[arm])
+                drafted, accepted = counts[arm]
+                # round by round: from the second round on, prompts hit the prefix cache, whose
+                # chunking may sum in another order (a different argmax now and then, issue 20)
+                same = all(
+                    r["outputs"] == o["outputs"]
+                    for r, o in zip(results[arm], results["off"], strict=True)
+                )
+                print(
+                    f"| {name} | {c} | {'request' if arm == 'on' else 'class'} "
+                    f"| {off['tpot_ms']:.1f} | {on['tpot_ms']:.1f} "
+                    f"| {off['tpot_ms'] / on['tpot_ms']:.2f}x "
+                    f"| {off['ttft_ms']:.0f} / {on['ttft_ms']:.0f} "
+                    f"| {off['tok_s']:.1f} / {on['tok_s']:.1f} "
+                    f"| {accepted / drafted if drafted else 0:.2f} ({drafted} drafts) | {same} |",
+                    flush=True,
+                )
+
+
+def _median(runs: list[dict]) -> dict:
+    """The median of each figure over interleaved runs of one arm."""
+    return {k: statistics.median(r[k] for r in runs) for k in ("tpot_ms", "ttft_ms", "tok_s")}
 
 
 if __name__ == "__main__":

@@ -196,9 +196,11 @@ MEMORY_BOUND = (0.02, 1e-5, 2e-4, 0.0, 1e-8, 1e-4)
 COMPUTE_BOUND = (0.005, 1e-5, 0.01, 0.0, 1e-8, 1e-4)
 
 
-def drafting(priorities, coef, max_tokens=50, pass_s=None):
+def drafting(priorities, coef, max_tokens=50, pass_s=None, wait_s=0.0, engine=None):
     """Run requests of these classes to their first decodes; drafted tokens per class.
-    `pass_s`: seconds a draft model's pass takes (None: drafts cost nothing to propose)."""
+    `pass_s`: seconds a draft model's pass takes (None: drafts cost nothing to propose);
+    `wait_s`: how long they wait before the first step (hybrid ages a waiting P3 to P2 after
+    5 s and a P2 to P1 after 15 s); `engine`: a list that gets the engine."""
     eng, clock = build_engine("hybrid", 4096, "auto")
     s = eng.scheduler
     s.step_time = FixedTime(coef)
@@ -212,9 +214,12 @@ def drafting(priorities, coef, max_tokens=50, pass_s=None):
         req.request_id = f"r{i}"
         req.sampling_params = type(req.sampling_params)(max_tokens=max_tokens, temperature=0.0)
         eng.add_request(req)
+    clock.advance(wait_s)
     for _ in range(8):
         eng.step()
         clock.advance(0.01)
+    if engine is not None:
+        engine.append(eng)
     return s.speculation.counts.drafted
 
 
@@ -233,6 +238,21 @@ def test_p2_and_p3_draft_only_when_alone():
     assert drafting([3], MEMORY_BOUND)[3] > 0  # alone: the engine is otherwise idle
     counts = drafting([0, 3, 2], MEMORY_BOUND)
     assert counts[0] > 0 and counts[2] == 0 and counts[3] == 0
+
+
+def test_a_background_request_aged_into_p1_still_drafts_only_as_p3():
+    # 15 P3 requests waited 25 s: aging promoted them to P1 (so that they are admitted), and
+    # they run as P1. Their drafts and their acceptance remain those of the class they were
+    # submitted with: beside a P0 they do not draft (the flood's background kept drafting as
+    # P1 before), and the P0 still does.
+    got = []
+    counts = drafting([0] + [3] * 15, MEMORY_BOUND, wait_s=25.0, engine=got)
+    aged = [r for r in got[0].scheduler.running.values() if r.base_priority == 3]
+    assert aged and all(r.priority == 1 for r in aged)  # promoted, and running
+    assert counts[0] > 0
+    assert counts[1] == 0 and counts[3] == 0
+    # the same P3 requests submitted as P1 do draft on this memory-bound step
+    assert drafting([0] + [1] * 15, MEMORY_BOUND)[1] > 0
 
 
 def test_p0_drafts_for_its_own_latency_within_the_throughput_floor():

@@ -17,11 +17,13 @@ if TYPE_CHECKING:
 
 def may_speculate(req: Request, alone: bool, classes: tuple[int, ...]) -> bool:
     """A request's own settings allow it (no penalties, grammar or opt-out: their per-token
-    state is not drafted), and its class does, or it runs alone."""
+    state is not drafted), and its class does, or it runs alone. The class is the one it was
+    submitted with: aging promotes a request that waited (a P3 stream of a flood runs as P1
+    once admitted) so that it is admitted, not so that it drafts like the class it reached."""
     sp = req.sampling_params
     if not sp.speculative or sp.uses_penalties or sp.grammar is not None:
         return False
-    return req.priority in classes or alone
+    return req.base_priority in classes or alone
 
 
 def plan_drafts(s: Scheduler, plan: StepPlan) -> None:
@@ -67,7 +69,7 @@ def plan_drafts(s: Scheduler, plan: StepPlan) -> None:
         # The rule first (plain arithmetic), the drafter only where drafts could pay: a large
         # batch never pays for a lookup per request.
         alpha = spec.acceptance_of(req)
-        floor = cfg.throughput_floor if req.priority in cfg.latency_classes else 1.0
+        floor = cfg.throughput_floor if req.base_priority in cfg.latency_classes else 1.0
 
         k = pick_draft_len(alpha, room, tokens, step_s, extra, floor, base_rate)
         if k == 0:

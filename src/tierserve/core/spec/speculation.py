@@ -94,15 +94,16 @@ class Speculation:
         that accepted none 0.74; on open chat 0.91 against 0.45. The class's rate alone
         predicts those outcomes worse (log-likelihood per compared draft -0.434 and -0.561,
         against -0.415 and -0.466 with this blend)."""
-        cls = self.acceptance(request.priority)
+        cls = self.acceptance(request.base_priority)
         compared, accepted = request.spec_recent
         return (accepted + cls * REQUEST_PRIOR) / (compared + REQUEST_PRIOR)
 
     def observe_request(self, request: Request, drafted: int, accepted: int) -> None:
-        """One verification of `request`'s drafts: its counts, its class's rate and its own."""
+        """One verification of `request`'s drafts: its counts, its class's rate and its own
+        (the class it was submitted with, as every per-class figure: aging moves no counts)."""
         request.num_draft_tokens += drafted
         request.num_accepted_tokens += accepted
-        compared = self.observe(request.priority, drafted, accepted, accepted + 1)
+        compared = self.observe(request.base_priority, drafted, accepted, accepted + 1)
         c, a = request.spec_recent
         request.spec_recent = (c * REQUEST_DECAY + compared, a * REQUEST_DECAY + accepted)
 
