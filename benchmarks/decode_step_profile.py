@@ -27,12 +27,14 @@ def decode_steps(batch: int, dtype: str | None, steps: int = 20, prompt: int = 1
     rng = random.Random(0)
     # room to decode while the other prompts are still being prefilled
     sp = SamplingParams(temperature=0, max_tokens=steps + 60 + 1024, ignore_eos=True)
-    for i in range(batch):
-        eng.add_request(Request(f"r{i}", [rng.randrange(100, 40000) for _ in range(prompt)], sp))
+    reqs = [
+        Request(f"r{i}", [rng.randrange(100, 40000) for _ in range(prompt)], sp)
+        for i in range(batch)
+    ]
+    for r in reqs:
+        eng.add_request(r)
     # Every prompt prefilled first: batch x prompt beyond the step's token budget (or its time
     # bound) takes several steps, and a step that still carries a prompt chunk is no decode.
-    reqs = list(eng.scheduler.running.values()) + list(eng.scheduler.policy.requests())
-    eng.step()
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in reqs):
         eng.step()
     for _ in range(30):  # context grows to ~prompt + 30, warm

@@ -115,17 +115,16 @@ def main() -> None:
     if a.class_rule:  # the rule before per-request acceptance (Speculation.acceptance_of)
         engines["class"] = engine(True)
         sp = engines["class"].engine.scheduler.speculation
-        sp.acceptance_of = lambda req, sp=sp: sp.acceptance(req.priority)
+        sp.acceptance_of = lambda req, sp=sp: sp.acceptance(req.base_priority)
+    arms = [name for name in engines if name != "off"]
     drafter = engines["on"].engine.executor.drafter
     if drafter is not None:
         print(f"draft model {draft}: one pass {1e3 * drafter.pass_s:.1f} ms at start")
         if a.free_drafts:
-            for name in ("on", "class"):
-                if name in engines:
-                    engines[name].engine.scheduler.speculation.draft_pass_s = lambda: 0.0
+            for arm in arms:
+                engines[arm].engine.scheduler.speculation.draft_pass_s = lambda: 0.0
     for llm in engines.values():  # warm every engine (autotune, first steps)
         run(llm, load("open_chat_prompts.jsonl")[:2], 2, 16)
-    arms = [name for name in engines if name != "off"]
     print(
         "| prompts | clients | rule | TPOT off (ms) | TPOT on (ms) | TPOT gain "
         "| TTFT off / on (ms) | tok/s off / on | acceptance | identical |"
@@ -139,11 +138,13 @@ def main() -> None:
             for _ in range(a.rounds):
                 for arm, llm in engines.items():
                     spec = llm.engine.scheduler.speculation
-                    before = (sum(spec.counts.drafted), sum(spec.counts.accepted)) if spec else 0
+                    if spec is None:
+                        results[arm].append(run(llm, prompts, c, a.max_tokens))
+                        continue
+                    before = (sum(spec.counts.drafted), sum(spec.counts.accepted))
                     results[arm].append(run(llm, prompts, c, a.max_tokens))
-                    if spec is not None:
-                        counts[arm][0] += sum(spec.counts.drafted) - before[0]
-                        counts[arm][1] += sum(spec.counts.accepted) - before[1]
+                    counts[arm][0] += sum(spec.counts.drafted) - before[0]
+                    counts[arm][1] += sum(spec.counts.accepted) - before[1]
             off = _median(results["off"])
             for arm in arms:
                 on = _median(results[arm])
