@@ -59,15 +59,17 @@ def running_server(built: BuiltEngine, settings: ServerSettings | None = None, *
 
 
 def small_engine_args(**kw) -> EngineArgs:
-    # float32 products: the servers under test are compared with transformers and with
-    # themselves bit for bit (bf16 products, the default where the CPU has AVX512_BF16, are
-    # measured in test_quant.py)
+    # float32 products and KV cache: the servers under test are compared with transformers
+    # and with themselves bit for bit (bf16 products, the default where the CPU has
+    # AVX512_BF16, are measured in test_quant.py; the CPU's default float16 cache, which moves
+    # logprobs by ~1e-3, in test_kv_dtype.py)
     base = dict(
         kv_cache_gib=0.25,
         max_num_seqs=32,
         max_num_batched_tokens=1024,
         seed=0,
         activations="float32",
+        kv_cache_dtype="float32",
     )
     base.update(kw)
     return EngineArgs(**base)

@@ -165,8 +165,10 @@ def test_engine_matches_transformers_whole_and_chunked(case):
     want_tokens = hf_greedy(hf, ids, NEW)
     score = SamplingParams(max_tokens=0, prompt_logprobs=3)
     for chunk in (512, 16):  # whole prompt; chunks of 16 (continued chunks meet the window)
+        # a float32 KV cache: compared with transformers within 1e-4 (the CPU's default
+        # float16 cache moves logprobs by ~1e-3: test_kv_dtype.py)
         llm = LLM(model=str(folder), num_kv_blocks=64, max_num_batched_tokens=chunk,
-                  measure_costs=False)  # fmt: skip
+                  measure_costs=False, kv_cache_dtype="float32")  # fmt: skip
         assert type(llm.executor.model).__name__ == arch
         scored = llm.generate(ids, score)[0]
         assert [lp for lp, _ in scored.prompt_logprobs] == pytest.approx(want_lp, abs=1e-4)
@@ -381,6 +383,7 @@ def test_qwen_gguf_files_run_in_their_own_precision(arch, tmp_path, monkeypatch)
         num_kv_blocks=64,
         measure_costs=False,
         activations="float32",
+        kv_cache_dtype="float32",
     )
     model = llm.executor.model
     assert type(model).__name__ == arch

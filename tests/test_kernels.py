@@ -94,14 +94,16 @@ def test_paged_attention_matches_reference(heads, kv_heads, dim):
     ("heads", "kv_heads", "dim", "bs"),
     [(9, 3, 64, 16), (16, 1, 64, 32), (8, 8, 128, 64), (6, 2, 256, 16), (4, 4, 16, 16)],
 )
-def test_long_segments_go_by_lanes_and_match_the_reference(heads, kv_heads, dim, bs):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_long_segments_go_by_lanes_and_match_the_reference(heads, kv_heads, dim, bs, dtype):
     """Prompt chunks of 16 rows or more run with queries across vector lanes (run_lanes):
     fresh prompts (context from 1) and chunks after a cached prefix, every group size the
-    kernel takes; and a row's result does not depend on how its prompt was chunked."""
+    kernel takes; and a row's result does not depend on how its prompt was chunked (a float32
+    or a 16-bit cache)."""
     blocks = 40
     g = torch.Generator().manual_seed(heads * dim + bs)
-    kc = torch.randn(kv_heads, blocks, bs, dim, generator=g)
-    vc = torch.randn(kv_heads, blocks, bs, dim, generator=g)
+    kc = torch.randn(kv_heads, blocks, bs, dim, generator=g).to(dtype)
+    vc = torch.randn(kv_heads, blocks, bs, dim, generator=g).to(dtype)
     width = -(-300 // bs)
     tables = torch.randperm(blocks, generator=g)[: 2 * width].view(2, width).int().contiguous()
     span = min(width * bs - 40, 157)  # rows of the fresh prompt below
@@ -114,7 +116,7 @@ def test_long_segments_go_by_lanes_and_match_the_reference(heads, kv_heads, dim,
     )
     for row0, n, t, ctx0 in segments:
         for i in range(0, n, 7):
-            ref = reference_attention(q[row0 + i], kc, vc, tables[t], ctx0 + i)
+            ref = reference_attention(q[row0 + i], kc.float(), vc.float(), tables[t], ctx0 + i)
             torch.testing.assert_close(out[row0 + i], ref, rtol=1e-5, atol=2e-6)
     # the same fresh prompt in two chunks of 16+ rows: bit-identical rows
     cut = span // 2
@@ -124,15 +126,19 @@ def test_long_segments_go_by_lanes_and_match_the_reference(heads, kv_heads, dim,
     assert torch.equal(again[:span], out[:span])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (4, 4, 16)])
-def test_a_verification_row_is_bit_identical_to_the_same_row_decoded_alone(heads, kv_heads, dim):
+def test_a_verification_row_is_bit_identical_to_the_same_row_decoded_alone(
+    heads, kv_heads, dim, dtype
+):
     """Speculative verification runs a request's last token and its drafts as one short
     segment; each row must be what a one-row decode at that length gives, bit for bit, so that
-    drafts cannot change a greedy output. Contexts on and off block edges, 1-15 rows."""
+    drafts cannot change a greedy output. Contexts on and off block edges, 1-15 rows; float32
+    and 16-bit caches (`--kv-cache-dtype`)."""
     bs, blocks = 16, 64
     g = torch.Generator().manual_seed(heads * dim + 7)
-    kc = torch.randn(kv_heads, blocks, bs, dim, generator=g)
-    vc = torch.randn(kv_heads, blocks, bs, dim, generator=g)
+    kc = torch.randn(kv_heads, blocks, bs, dim, generator=g).to(dtype)
+    vc = torch.randn(kv_heads, blocks, bs, dim, generator=g).to(dtype)
     tables = torch.randperm(blocks, generator=g)[:60].view(2, 30).int().contiguous()
     for rows, ctx0 in ((2, 1), (5, 14), (5, 800 // 2), (8, 33), (15, 47)):
         q = torch.randn(rows, heads, dim, generator=g)
@@ -144,7 +150,7 @@ def test_a_verification_row_is_bit_identical_to_the_same_row_decoded_alone(heads
             one = torch.tensor([(0, 1, 1, ctx0 + i)], dtype=torch.int32)
             EXT.paged_attention_into(q[i : i + 1], kc, vc, tables, one, dim**-0.5, alone)
             assert torch.equal(alone[0], out[i]), (rows, ctx0, i)
-            ref = reference_attention(q[i], kc, vc, tables[1], ctx0 + i)
+            ref = reference_attention(q[i], kc.float(), vc.float(), tables[1], ctx0 + i)
             torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=2e-6)
 
 

@@ -32,7 +32,12 @@ SCHEMA = {
 def llm():
     from tierserve import LLM
 
-    return LLM(kv_cache_gib=0.25, max_num_batched_tokens=2048, activations="float32")
+    return LLM(
+        kv_cache_gib=0.25,
+        max_num_batched_tokens=2048,
+        activations="float32",
+        kv_cache_dtype="float32",
+    )
 
 
 def chat(llm, text: str) -> list[int]:
@@ -52,7 +57,12 @@ def test_prompt_logprobs_whole_chunked_and_against_transformers(llm):
     assert len(whole.prompt_logprobs) == len(ids) - 1
     assert not llm.engine.has_unfinished()
     assert llm.engine.scheduler.kv.check_invariants() is None
-    chunked = LLM(kv_cache_gib=0.05, max_num_batched_tokens=16, activations="float32")
+    chunked = LLM(
+        kv_cache_gib=0.05,
+        max_num_batched_tokens=16,
+        activations="float32",
+        kv_cache_dtype="float32",
+    )
     chunked = chunked.generate(ids, sp)[0]
     a = [lp for lp, _ in whole.prompt_logprobs]
     b = [lp for lp, _ in chunked.prompt_logprobs]
@@ -108,7 +118,9 @@ def run_preempting(first, late, after_steps: int, **engine_args) -> list:
     from tierserve.engine.builder import build_engine
     from tierserve.request import Request
 
-    args = EngineArgs(measure_costs=False, activations="float32", **engine_args)  # as `llm`
+    args = EngineArgs(
+        measure_costs=False, activations="float32", kv_cache_dtype="float32", **engine_args
+    )  # as `llm`
     eng = build_engine(args, ManualClock()).engine
     reqs = []
     for prio, batch in ((Priority.P3, first), (Priority.P0, late)):

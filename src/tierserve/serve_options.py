@@ -114,6 +114,12 @@ OPTIONS: tuple[Option, ...] = (
         "(activations quantized to int8 per block of 32, integer products)"
     ),
     Option(
+        "--kv-cache-dtype", E + "kv_cache_dtype", str, None,
+        "the KV cache's element type: auto (default: float16 for a float32 model on the CPU, "
+        "else the model's dtype) | float32 | float16 | bfloat16 (fp16, bf16 too); a 16-bit "
+        "cache holds twice the tokens in --kv-cache-gib and halves what decode attention reads"
+    ),
+    Option(
         "--policy", P + "name", str, None, "fcfs | strict | drr | wfq | hybrid (default hybrid)"
     ),
     Option(

@@ -31,6 +31,18 @@ def parse_predictive(words) -> tuple[str, ...]:
     return tuple(dict.fromkeys(words))
 
 
+# --kv-cache-dtype: each accepted name and the dtype it means (None: the model's own).
+KV_CACHE_DTYPES = {
+    "auto": None,
+    "float32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+
+
 @dataclass(frozen=True)
 class EngineArgs:
     model: str | None = None  # None: the embedded default model
@@ -43,6 +55,10 @@ class EngineArgs:
     # AVX512_BF16; auto: bfloat16 there, float32 elsewhere (model/weights.py)
     activations: str = "auto"
     kv_cache_gib: float = 1.0
+    # The KV cache's element type: float32, float16 or bfloat16 (vLLM's spellings fp16 and
+    # bf16 too); auto: float16 for a float32 model on the CPU, else the model's dtype
+    # (engine/builder.py, kv_cache_dtype).
+    kv_cache_dtype: str = "auto"
     num_kv_blocks: int | None = None  # overrides kv_cache_gib
     # Host swap space for preempted KV. None: 4 GiB on CUDA, none on the CPU (there the device
     # pool and host memory are the same RAM, so swap space would only be more KV memory).
@@ -112,6 +128,11 @@ class EngineArgs:
         if self.activations not in ("auto", "float32", "bfloat16", "int8"):
             raise ValueError(
                 f"activations must be auto, float32, bfloat16 or int8, got {self.activations!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
             )
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

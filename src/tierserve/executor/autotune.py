@@ -68,6 +68,7 @@ def plan_key(executor) -> str:
             m.weights_summary,
             executor.block_size,
             str(m.dtype),
+            str(m.kv_dtype),
             m.paths(executor.block_size),  # the candidates (bf16: AMX, products allowed)
             "v4",  # v2: kernels own threads, fused at every size; v3: warm-up; v4: bf16 path
         ],

@@ -51,10 +51,12 @@ def load_drafter(
     block_size: int,
     quantization: str = "auto",
     activations: str = "auto",
+    kv_dtype: torch.dtype | None = None,
 ) -> DraftModel:
     """The draft model at `path`, checked against `target`, with a KV pool of about
-    `DRAFT_KV_SHARE` x `kv_bytes` (at least one block). `quantization` is the draft's own
-    (default auto: the file's precision, e.g. a Q4 GGUF drafting for float32 weights)."""
+    `DRAFT_KV_SHARE` x `kv_bytes` (at least one block) of `kv_dtype` (default: its dtype).
+    `quantization` is the draft's own (default auto: the file's precision, e.g. a Q4 GGUF
+    drafting for float32 weights)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise _bad(path, "no such file or folder")
@@ -75,5 +77,7 @@ def load_drafter(
     except Exception as exc:
         raise _bad(path, f"cannot be built as a model: {exc}") from exc
     loaded.weights = {}
+    if kv_dtype is not None:
+        model.kv_dtype = kv_dtype
     num_blocks = max(1, int(kv_bytes * DRAFT_KV_SHARE) // kv_bytes_per_block(model, block_size))
     return DraftModel(model, num_blocks, block_size)

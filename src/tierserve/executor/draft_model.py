@@ -53,7 +53,7 @@ class DraftModel:
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = model.kv_cache_shape(num_blocks, block_size)
-        dev, dt = model.device, model.dtype
+        dev, dt = model.device, model.kv_dtype
         self.kv_caches = [
             (zeros(shape, dt, dev), zeros(shape, dt, dev)) for _ in range(model.config.num_layers)
         ]

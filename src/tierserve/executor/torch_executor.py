@@ -58,7 +58,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
 
 
 def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
-    elem = torch.empty((), dtype=model.dtype).element_size()
+    elem = torch.empty((), dtype=model.kv_dtype).element_size()
     per_layer = math.prod(model.kv_cache_shape(1, block_size))  # one block of K (or V)
     return 2 * model.config.num_layers * per_layer * elem
 
@@ -98,7 +98,7 @@ class TorchExecutor:
         self.drafter = drafter
         self.block_size = block_size
         self.num_blocks = num_blocks
-        dev, dt = model.device, model.dtype
+        dev, dt = model.device, model.kv_dtype
         shape = model.kv_cache_shape(num_blocks, block_size)
         layers = model.config.num_layers
         self.kv_caches = [(zeros(shape, dt, dev), zeros(shape, dt, dev)) for _ in range(layers)]

@@ -33,6 +33,7 @@ SOURCES = (
     "layer.cpp",
     "sample.cpp",
     "vec.h",
+    "kv.h",
     "qweight.h",
     "parallel.h",
     "pool.cpp",

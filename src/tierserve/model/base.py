@@ -14,7 +14,8 @@ The contract:
   that builds a step's metadata for that path;
 * ``use_plan(plan)``: told the executor's plan once it is known (a model may make or free what
   a path needs: the decoder's bfloat16 weight copies for ``bf16``);
-* ``kv_cache_shape(num_blocks, block_size)``: one layer's K (or V) cache;
+* ``kv_cache_shape(num_blocks, block_size)``: one layer's K (or V) cache, of ``kv_dtype``
+  (the model's dtype unless the engine sets a 16-bit cache, `--kv-cache-dtype`);
 * ``weight_bytes()``, ``weights_summary``, ``config``, ``kernels``, ``dtype``, ``device``.
 """
 
@@ -64,6 +65,9 @@ class CausalLM(ABC):
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
+        # The KV cache's element type: the model's, or a 16-bit one the engine sets (the
+        # attention backends widen what they read to the queries' dtype).
+        self.kv_dtype = dtype
         self.kernels = None
         if kernels is not False and self.device.type == "cpu" and dtype == torch.float32:
             self.kernels = _kernels.get()

@@ -13,6 +13,10 @@
 // A task walks its context one cache block at a time, so every K/V block is read once per tile
 // for all rows of the tile and all query heads of the group (grouped-query attention), and keeps
 // an online softmax (running max, running sum, rescaled accumulator) per query head.
+//
+// The cache holds float32, float16 or bfloat16 (`--kv-cache-dtype`): a 16-bit cache is widened
+// to float32 as it is loaded (kv.h), so the arithmetic is the same float32 arithmetic either way,
+// on half the bytes. Decode attention at long context is bound by reading the cache.
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
@@ -20,6 +24,7 @@
 #include <limits>
 #include <vector>
 
+#include "kv.h"
 #include "vec.h"
 #include "parallel.h"
 
@@ -44,8 +49,8 @@ struct Geometry {
   float scale;
 };
 
-template <int DV>  // head_dim / VL
-void run_task(const Task& t, const Geometry& g, const float* q, const float* kc, const float* vc,
+template <int DV, class T>  // head_dim / VL, the cache's element
+void run_task(const Task& t, const Geometry& g, const float* q, const T* kc, const T* vc,
               const int32_t* tables, float* out) {
   constexpr int D = DV * VL;
   float m_run[kTile * kMaxGroup], l_run[kTile * kMaxGroup];
@@ -65,16 +70,16 @@ void run_task(const Task& t, const Geometry& g, const float* q, const float* kc,
   const int64_t bs = g.block_size;
   const int64_t ctx_max = t.ctx0 + t.rows - 1;
   const int32_t* table = tables + static_cast<int64_t>(t.table) * g.table_width;
-  const float* kh = kc + t.head * g.blocks * bs * D;
-  const float* vh = vc + t.head * g.blocks * bs * D;
+  const T* kh = kc + t.head * g.blocks * bs * D;
+  const T* vh = vc + t.head * g.blocks * bs * D;
   const int G = static_cast<int>(g.group);
   alignas(64) float s[kMaxGroup][kMaxBlock];  // one block's scores, per query head of a row
   alignas(64) float ew[kMaxGroup][VL];        // their exponentials, VL keys at a time
   float mx[kMaxGroup], lsum[kMaxGroup];
   for (int64_t p0 = 0; p0 < ctx_max; p0 += bs) {
     const int64_t blk = table[p0 / bs];
-    const float* kb = kh + blk * bs * D;
-    const float* vb = vh + blk * bs * D;
+    const T* kb = kh + blk * bs * D;
+    const T* vb = vh + blk * bs * D;
     const int64_t n_block = std::min(bs, ctx_max - p0);
     for (int i = 0; i < t.rows; ++i) {
       const int64_t valid = std::min(n_block, t.ctx0 + i - p0);  // causal limit of row i
@@ -86,9 +91,9 @@ void run_task(const Task& t, const Geometry& g, const float* q, const float* kc,
         for (int64_t c = 0; c < valid; c += VL) {
           vf dots[VL];
           for (int u = 0; u < VL; ++u) {
-            const float* kp = kb + (c + u) * D;
-            vf dot = qv[j][0] * vload(kp);
-            for (int d = 1; d < DV; ++d) dot += qv[j][d] * vload(kp + d * VL);
+            const T* kp = kb + (c + u) * D;
+            vf dot = qv[j][0] * kv_load(kp);
+            for (int d = 1; d < DV; ++d) dot += qv[j][d] * kv_load(kp + d * VL);
             dots[u] = dot;
           }
           vstore(s[h] + c, vsum_lanes(dots));
@@ -107,9 +112,9 @@ void run_task(const Task& t, const Geometry& g, const float* q, const float* kc,
         for (int h = 0; h < G; ++h) vstore(ew[h], vexp_nonpos(vload(s[h] + p) - mx[h]));
         const int64_t n = std::min<int64_t>(VL, valid - p);
         for (int64_t u = 0; u < n; ++u) {
-          const float* vp = vb + (p + u) * D;
+          const T* vp = vb + (p + u) * D;
           vf vv[DV];
-          for (int d = 0; d < DV; ++d) vv[d] = vload(vp + d * VL);
+          for (int d = 0; d < DV; ++d) vv[d] = kv_load(vp + d * VL);
           for (int h = 0; h < G; ++h) {
             const float w = ew[h][u];
             lsum[h] += w;
@@ -139,9 +144,9 @@ void run_task(const Task& t, const Geometry& g, const float* q, const float* kc,
 // is the same whatever shares its task, so a row's result does not depend on how its prompt
 // was chunked or tiled. One-row segments (decodes) and short ones (speculative verification)
 // keep run_task: a decode's few queries would fill few lanes.
-template <int DV, int QL>
-void run_lanes(const Task& t, const Geometry& g, const float* q, const float* kc,
-               const float* vc, const int32_t* tables, float* out) {
+template <int DV, int QL, class T>
+void run_lanes(const Task& t, const Geometry& g, const float* q, const T* kc, const T* vc,
+               const int32_t* tables, float* out) {
   constexpr int D = DV * VL, NQ = QL * VL, KP = VL >= 16 ? 8 : 4, JB = 4;
   const int nq = t.rows * static_cast<int>(g.group);
   alignas(64) float qt[D * NQ];   // scaled queries, transposed: qt[d * NQ + j]
@@ -164,16 +169,25 @@ void run_lanes(const Task& t, const Geometry& g, const float* q, const float* kc
   }
   const int64_t bs = g.block_size, ctx_max = t.ctx0 + t.rows - 1;
   const int32_t* table = tables + static_cast<int64_t>(t.table) * g.table_width;
-  const float* kh = kc + t.head * g.blocks * bs * D;
-  const float* vh = vc + t.head * g.blocks * bs * D;
+  const T* kh = kc + t.head * g.blocks * bs * D;
+  const T* vh = vc + t.head * g.blocks * bs * D;
   const int jmax = (nq + JB - 1) / JB * JB;
+  alignas(64) float kw[KP * D];  // a 16-bit cache's keys of this chunk, widened once
   for (int64_t p0 = 0; p0 < ctx_max; p0 += bs) {
     const int64_t blk = table[p0 / bs];
-    const float* kb = kh + blk * bs * D;
-    const float* vb = vh + blk * bs * D;
+    const T* kbt = kh + blk * bs * D;
+    const T* vb = vh + blk * bs * D;
     const int64_t n_block = std::min(bs, ctx_max - p0);
     for (int64_t c0 = 0; c0 < n_block; c0 += KP) {
       const int kp = static_cast<int>(std::min<int64_t>(KP, n_block - c0));
+      // keys [c0, c0 + KP) as float32 (those past kp lie inside the block: read and masked)
+      const float* kb;
+      if constexpr (std::is_same_v<T, float>) {
+        kb = kbt;
+      } else {
+        for (int i = 0; i < KP * D; i += VL) vstore(kw + i, kv_load(kbt + c0 * D + i));
+        kb = kw - c0 * D;
+      }
       vf s[KP][QL];
       for (int p = 0; p < KP; ++p)
         for (int v = 0; v < QL; ++v) s[p][v] = vf{};
@@ -210,7 +224,7 @@ void run_lanes(const Task& t, const Geometry& g, const float* q, const float* kc
           for (int dv = 0; dv < DV; ++dv) a[b][dv] = vload(acc + (j + b) * D + dv * VL) * al[j + b];
         for (int p = 0; p < kp; ++p) {
           vf vv[DV];
-          for (int dv = 0; dv < DV; ++dv) vv[dv] = vload(vb + (c0 + p) * D + dv * VL);
+          for (int dv = 0; dv < DV; ++dv) vv[dv] = kv_load(vb + (c0 + p) * D + dv * VL);
           for (int b = 0; b < JB; ++b) {
             const vf w = vbroadcast(pr[p * NQ + j + b]);
             for (int dv = 0; dv < DV; ++dv) a[b][dv] += w * vv[dv];
@@ -231,22 +245,44 @@ void run_lanes(const Task& t, const Geometry& g, const float* q, const float* kc
 }
 
 
-template <int DV>
-void run_lanes_ql(int ql, const Task& t, const Geometry& g, const float* q, const float* kc,
-                  const float* vc, const int32_t* tables, float* out) {
+template <int DV, class T>
+void run_lanes_ql(int ql, const Task& t, const Geometry& g, const float* q, const T* kc,
+                  const T* vc, const int32_t* tables, float* out) {
   if (ql <= 1) return run_lanes<DV, 1>(t, g, q, kc, vc, tables, out);
   if (ql == 2) return run_lanes<DV, 2>(t, g, q, kc, vc, tables, out);
   return run_lanes<DV, 3>(t, g, q, kc, vc, tables, out);
 }
 
-void run_lanes_dispatch(int64_t dv, int ql, const Task& t, const Geometry& g, const float* q,
-                        const float* kc, const float* vc, const int32_t* tables, float* out) {
-  switch (dv) {
+template <class T>
+void run_one_task(int64_t dv, const Task& t, const Geometry& g, const float* q, const T* kc,
+                  const T* vc, const int32_t* tables, float* out) {
+  if (t.lanes) {
+    const int ql = (t.rows * static_cast<int>(g.group) + VL - 1) / VL;
+    switch (dv) {
 #define TS_CASE(n) \
   case n: return run_lanes_ql<n>(ql, t, g, q, kc, vc, tables, out);
+      TS_CASE(1) TS_CASE(2) TS_CASE(4) TS_CASE(6) TS_CASE(8) TS_CASE(16) TS_CASE(32)
+#undef TS_CASE
+    }
+    return;
+  }
+  switch (dv) {
+#define TS_CASE(n) \
+  case n: return run_task<n>(t, g, q, kc, vc, tables, out);
     TS_CASE(1) TS_CASE(2) TS_CASE(4) TS_CASE(6) TS_CASE(8) TS_CASE(16) TS_CASE(32)
 #undef TS_CASE
   }
+}
+
+template <class T>
+void run_tasks(const std::vector<Task>& tasks, int64_t dv, const Geometry& g, const float* q,
+               const at::Tensor& k_cache, const at::Tensor& v_cache, const int32_t* tables,
+               float* out) {
+  const T* kc = static_cast<const T*>(k_cache.data_ptr());
+  const T* vc = static_cast<const T*>(v_cache.data_ptr());
+  claim_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t i = t0; i < t1; ++i) run_one_task<T>(dv, tasks[i], g, q, kc, vc, tables, out);
+  });
 }
 
 }  // namespace
@@ -265,9 +301,12 @@ bool supported(int64_t group, int64_t head_dim, int64_t block_size) {
 void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
                           const at::Tensor& v_cache, const at::Tensor& tables,
                           const at::Tensor& segments, double scale, at::Tensor& out) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
-                  v_cache.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
-              "paged_attention: float32 expected");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
+              "paged_attention: float32 queries and output expected");
+  TORCH_CHECK(kv_dtype_supported(k_cache.scalar_type()) &&
+                  v_cache.scalar_type() == k_cache.scalar_type(),
+              "paged_attention: float32, float16 or bfloat16 caches (both alike) expected, got ",
+              k_cache.scalar_type(), " and ", v_cache.scalar_type());
   TORCH_CHECK(tables.scalar_type() == at::kInt && segments.scalar_type() == at::kInt,
               "paged_attention: int32 tables and segments expected");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && tables.is_contiguous() &&
@@ -309,28 +348,14 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
         tasks.push_back({row0 + r, std::min<int32_t>(tile, rows - r), table, ctx0 + r, h, lanes});
   }
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
   const int32_t* tp = tables.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const int64_t dv = g.dim / VL;
-  claim_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t i = t0; i < t1; ++i) {
-      const Task& t = tasks[i];
-      if (t.lanes) {
-        run_lanes_dispatch(dv, (t.rows * static_cast<int>(g.group) + VL - 1) / VL, t, g, qp, kp,
-                           vp, tp, op);
-        continue;
-      }
-      switch (dv) {
-#define TS_CASE(n) \
-  case n: run_task<n>(t, g, qp, kp, vp, tp, op); break;
-        TS_CASE(1) TS_CASE(2) TS_CASE(4) TS_CASE(6) TS_CASE(8) TS_CASE(16) TS_CASE(32)
-#undef TS_CASE
-        default: TORCH_CHECK(false, "paged_attention: head_dim ", g.dim, " unsupported");
-      }
-    }
-  });
+  switch (k_cache.scalar_type()) {
+    case at::kHalf: return run_tasks<KvHalf>(tasks, dv, g, qp, k_cache, v_cache, tp, op);
+    case at::kBFloat16: return run_tasks<KvBf16>(tasks, dv, g, qp, k_cache, v_cache, tp, op);
+    default: return run_tasks<float>(tasks, dv, g, qp, k_cache, v_cache, tp, op);
+  }
 }
 
 }  // namespace tierserve

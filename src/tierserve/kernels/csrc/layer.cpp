@@ -14,6 +14,7 @@
 
 #include <cmath>
 
+#include "kv.h"
 #include "qweight.h"
 #include "vec.h"
 #include "parallel.h"
@@ -85,12 +86,26 @@ void silu_mul(float* gu, int64_t rows, int64_t inter) {
   });
 }
 
-void write_kv(const float* src, int64_t row_stride, float* cache, const int64_t* slots,
-              int64_t rows, int64_t kv_heads, int64_t slots_per_head, int64_t d) {
+template <class T>
+void write_kv_as(const float* src, int64_t row_stride, at::Tensor& cache, const int64_t* slots,
+                 int64_t rows, int64_t kv_heads, int64_t slots_per_head, int64_t d) {
+  T* c = static_cast<T*>(cache.data_ptr());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < kv_heads; ++h)
-      std::memcpy(cache + (h * slots_per_head + slots[r]) * d, src + r * row_stride + h * d,
-                  d * sizeof(float));
+      kv_store(src + r * row_stride + h * d, c + (h * slots_per_head + slots[r]) * d, d);
+}
+
+// Rows' K (or V) heads into their cache slots, narrowed to the cache's type.
+void write_kv(const float* src, int64_t row_stride, at::Tensor& cache, const int64_t* slots,
+              int64_t rows, int64_t kv_heads, int64_t slots_per_head, int64_t d) {
+  switch (cache.scalar_type()) {
+    case at::kHalf:
+      return write_kv_as<KvHalf>(src, row_stride, cache, slots, rows, kv_heads, slots_per_head, d);
+    case at::kBFloat16:
+      return write_kv_as<KvBf16>(src, row_stride, cache, slots, rows, kv_heads, slots_per_head, d);
+    default:
+      return write_kv_as<float>(src, row_stride, cache, slots, rows, kv_heads, slots_per_head, d);
+  }
 }
 
 }  // namespace
@@ -121,9 +136,12 @@ void decoder_layer(at::Tensor& x, const QWeight& w_qkv, const c10::optional<at::
   float* qp = qkv.data_ptr<float>();
   rope(qp, qkv_n, cos.data_ptr<float>(), sin.data_ptr<float>(), T, heads + kvh, d);
   const int64_t* sp = slots.data_ptr<int64_t>();
-  write_kv(qp + (heads)*d, qkv_n, k_cache.data_ptr<float>(), sp, T, kvh, slots_per_head, d);
-  write_kv(qp + (heads + kvh) * d, qkv_n, v_cache.data_ptr<float>(), sp, T, kvh, slots_per_head,
-           d);
+  TORCH_CHECK(kv_dtype_supported(k_cache.scalar_type()) &&
+                  v_cache.scalar_type() == k_cache.scalar_type() && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous(),
+              "decoder_layer: contiguous float32, float16 or bfloat16 caches expected");
+  write_kv(qp + heads * d, qkv_n, k_cache, sp, T, kvh, slots_per_head, d);
+  write_kv(qp + (heads + kvh) * d, qkv_n, v_cache, sp, T, kvh, slots_per_head, d);
   auto attn = at::empty({T, heads, d}, x.options());
   auto q = qkv.view({T, heads + 2 * kvh, d}).narrow(1, 0, heads);
   paged_attention_into(q, k_cache, v_cache, tables, segments, 1.0 / std::sqrt(double(d)), attn);

@@ -130,11 +130,21 @@ def attend(qp, kp, vp, spec: AttentionSpec, mask: torch.Tensor | None) -> torch.
 
 
 def fresh_prefill(
-    q, k, v, p: FreshPrompt, spec: AttentionSpec = PLAIN, dtype: torch.dtype | None = None
+    q,
+    k,
+    v,
+    p: FreshPrompt,
+    spec: AttentionSpec = PLAIN,
+    dtype: torch.dtype | None = None,
+    cache_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Attention of a chunk from position 0 over its own keys, [n, H, D] (computed in `dtype`
-    where given, returned in q's)."""
+    where given, returned in q's). With a cache narrower than k (`cache_dtype`, a 16-bit KV
+    cache) the keys and values are rounded to it first: the chunk attends to what the cache
+    holds, as its prompt's later chunks, its decodes and a prefix-cache hit on it do."""
     qp, kp, vp = (t[p.start : p.end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    if cache_dtype is not None and cache_dtype != k.dtype:
+        kp, vp = (t.to(cache_dtype).to(k.dtype) for t in (kp, vp))
     if dtype is not None and dtype != q.dtype:  # [1, H, n, D]
         qp, kp, vp = (t.to(dtype) for t in (qp, kp, vp))
     mask = None
@@ -145,6 +155,7 @@ def fresh_prefill(
 
 
 def write_kv(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
-    """cache [H, blocks, block_size, D]; x [T, H, D] written at token `slots` (one kernel)."""
+    """cache [H, blocks, block_size, D]; x [T, H, D] written at token `slots` (one kernel),
+    rounded to the cache's dtype (to nearest even, as the compiled layer rounds) if narrower."""
     h, nb, bs, d = cache.shape
-    cache.view(h, nb * bs, d).index_copy_(1, slots, x.transpose(0, 1))
+    cache.view(h, nb * bs, d).index_copy_(1, slots, x.transpose(0, 1).to(cache.dtype))

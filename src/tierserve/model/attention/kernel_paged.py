@@ -75,5 +75,5 @@ class KernelPagedAttention(AttentionBackend):
                 q, k_cache, v_cache, meta.tables, meta.segments, scale, out
             )
         for p in meta.fresh:
-            out[p.start : p.end] = fresh_prefill(q, k, v, p, spec, meta.fresh_dtype)
+            out[p.start : p.end] = fresh_prefill(q, k, v, p, spec, meta.fresh_dtype, k_cache.dtype)
         return out

@@ -4,6 +4,9 @@ KV cache layout, per layer and for K and V alike::
 
     [kv_heads, num_blocks, block_size, head_dim]      token slot = block_id * block_size + offset
 
+The cache may be narrower than the queries (a 16-bit cache, `--kv-cache-dtype`): what is
+gathered is widened to the queries' dtype before the matmuls.
+
 Head-major, so that gathering one request's blocks for one head is an ``index_select`` on the
 leading dimension of a contiguous ``[num_blocks, block_size, head_dim]`` tensor (measured ~7x
 faster on CPU than gathering along an inner dimension), and the gathered context of a batch lands
@@ -141,8 +144,8 @@ class TorchPagedAttention(AttentionBackend):
         b = q.shape[0]
         group = q.shape[1] // hkv
         bias = meta.decode_bias(spec.window, hkv)  # [H_kv * B, 1, L]
-        kd = _gather(k_cache, meta.decode_blocks).view(hkv * b, -1, d)
-        vd = _gather(v_cache, meta.decode_blocks).view(hkv * b, -1, d)
+        kd = _gather(k_cache, meta.decode_blocks).view(hkv * b, -1, d).to(q.dtype)
+        vd = _gather(v_cache, meta.decode_blocks).view(hkv * b, -1, d).to(q.dtype)
         qd = q.reshape(b, hkv, group, d).transpose(0, 1).reshape(hkv * b, group, d)
         scale = spec.scale_for(d)
         if spec.softcap is None:
@@ -167,10 +170,10 @@ class TorchPagedAttention(AttentionBackend):
             out.index_copy_(0, meta.decode_rows, self._decode(qd, k_cache, v_cache, meta, spec))
         flat_k, flat_v = k_cache.view(hkv, nb * bs, d), v_cache.view(hkv, nb * bs, d)
         for p in meta.fresh:
-            out[p.start : p.end] = fresh_prefill(q, k, v, p, spec, meta.fresh_dtype)
+            out[p.start : p.end] = fresh_prefill(q, k, v, p, spec, meta.fresh_dtype, k_cache.dtype)
         for c in meta.chunks:
             qp = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            kp = _gather(flat_k, c.slots).unsqueeze(0)
-            vp = _gather(flat_v, c.slots).unsqueeze(0)
+            kp = _gather(flat_k, c.slots).unsqueeze(0).to(q.dtype)
+            vp = _gather(flat_v, c.slots).unsqueeze(0).to(q.dtype)
             out[c.start : c.end] = attend(qp, kp, vp, spec, c.mask(spec.window))[0].transpose(0, 1)
         return out
