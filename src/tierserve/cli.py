@@ -59,6 +59,11 @@ def _bench_quality(args: argparse.Namespace) -> int:
         rows += [
             measure(q, args.max_tokens, "auto", path) for q in args.quantization if q != "none"
         ]
+    for kv in args.kv_cache_dtype:  # each one again with this KV cache, float32 and auto products
+        for products in ("float32", "auto"):
+            rows += [
+                measure(q, args.max_tokens, products, kv_cache_dtype=kv) for q in args.quantization
+            ]
     print(format_table(rows))
     if args.show_answers:
         for r in rows:
@@ -194,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["fused", "kernel", "blas", "bf16", "mixed"],
         help="the quantized ones again with auto products, every step through this path "
         "(bf16: worst case; served, only the step sizes where the plan measured it fastest)",
+    )
+    q.add_argument(
+        "--kv-cache-dtype",
+        nargs="*",
+        default=[],
+        choices=["float16", "bfloat16"],
+        help="each quantization again with this KV cache (the rows above use a float32 one), "
+        "with float32 and with auto products",
     )
     q.set_defaults(func=_bench_quality)
 

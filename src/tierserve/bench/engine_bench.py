@@ -184,13 +184,16 @@ def run_engine_bench(
     flops, bw = machine_peaks()
     ctx = prompt_len + out_len // 2
     info_bytes = built.executor.model.weight_bytes()
+    kv = built.executor.model.kv_dtype
     info = {
         "threads": torch.get_num_threads(),
         "flops_peak": flops,
         "bw_peak": bw,
         "dtype": str(built.executor.model.dtype).replace("torch.", ""),
+        "kv_cache_dtype": str(kv).replace("torch.", ""),
         "roofline": {
-            n: roofline(built.model_config, n, ctx, flops, bw, 4, info_bytes) for n in concurrencies
+            n: roofline(built.model_config, n, ctx, flops, bw, kv.itemsize, info_bytes)
+            for n in concurrencies
         },
         "model": built.model_name,
         "weights": built.executor.model.weights_summary,

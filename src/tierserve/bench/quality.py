@@ -72,15 +72,24 @@ class QualityRow:
 
 
 def measure(
-    quantization: str, max_tokens: int = 48, activations: str = "float32", path: str | None = None
+    quantization: str,
+    max_tokens: int = 48,
+    activations: str = "float32",
+    path: str | None = None,
+    kv_cache_dtype: str = "float32",
 ) -> QualityRow:
-    """`path`: every step through that step path (`model/plan.py`), else the default plan."""
+    """`path`: every step through that step path (`model/plan.py`), else the default plan.
+    The KV cache is float32 unless `kv_cache_dtype` says otherwise (the row is labelled)."""
     from tierserve.llm import LLM
     from tierserve.model.plan import NEVER, StepPlan
     from tierserve.sampling_params import SamplingParams
 
     llm = LLM(
-        quantization=quantization, activations=activations, kv_cache_gib=0.1, measure_costs=False
+        quantization=quantization,
+        activations=activations,
+        kv_cache_gib=0.1,
+        measure_costs=False,
+        kv_cache_dtype=kv_cache_dtype,
     )
     model = llm.executor.model
     if path is not None:
@@ -91,19 +100,21 @@ def measure(
     outs = llm.generate(msgs, SamplingParams(temperature=0.0, max_tokens=max_tokens))
     products = next((p for p in ("bf16", "int8") if f"{p} products" in model.weights_summary), None)
     label = quantization + (f"+{products}" if products else "") + (f"@{path}" if path else "")
+    kv = str(llm.executor.kv_caches[0][0].dtype).removeprefix("torch.")
+    label += "" if kv == "float32" else f" kv:{kv}"
     return QualityRow(label, model.weights_summary, ppl, [o.text for o in outs])
 
 
 def format_table(rows: list[QualityRow], reference: str = "none") -> str:
     ref = next((r for r in rows if r.quantization == reference), rows[0])
     lines = [
-        f"{'quantization':<16}{'weights':<28}{'perplexity':>11}{'vs ' + ref.quantization:>10}"
+        f"{'quantization':<24}{'weights':<28}{'perplexity':>11}{'vs ' + ref.quantization:>10}"
         f"{'same answers':>14}",
     ]
     for r in rows:
         same = sum(a == b for a, b in zip(r.answers, ref.answers, strict=True))
         lines.append(
-            f"{r.quantization:<16}{r.weights:<28}{r.perplexity:>11.3f}"
+            f"{r.quantization:<24}{r.weights:<28}{r.perplexity:>11.3f}"
             f"{100 * (r.perplexity / ref.perplexity - 1):>+9.2f}%{same:>8} / {len(r.answers)}"
         )
     return "\n".join(lines)
