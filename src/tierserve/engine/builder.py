@@ -100,7 +100,7 @@ def context_length(requested: int | None, model_max: int) -> int:
 
 def kv_cache_dtype(name: str, model) -> torch.dtype:
     """The KV cache's dtype for `--kv-cache-dtype` `name`. ``auto``: float16 for a float32
-    model on the CPU (decode steps at 1,024 tokens of context 17-37% shorter than with a
+    model on the CPU (decode steps at 1,024 tokens of context 13-37% shorter than with a
     float32 cache, twice the tokens in the same memory, and logits within ~1e-3 of float32's:
     docs/performance.md, "A 16-bit KV cache"), else the model's own dtype."""
     chosen = KV_CACHE_DTYPES[name]
