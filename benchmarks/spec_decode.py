@@ -91,6 +91,7 @@ def main() -> None:
         "--quantization", default="auto", help="the target's (none: float32 weights; the draft "
         "model keeps its own precision)"
     )  # fmt: skip
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's) | float16 | ...")
     ap.add_argument(
         "--rounds", type=int, default=1,
         help="run every arm this many times, interleaved, and report the medians"
@@ -105,6 +106,7 @@ def main() -> None:
     def engine(spec: bool) -> LLM:
         return LLM(
             kv_cache_gib=0.5,
+            kv_cache_dtype=a.kv_cache_dtype,
             activations=a.activations,
             quantization=a.quantization,
             speculative_config=SpecConfig(num_speculative_tokens=a.k) if spec else None,

@@ -7,13 +7,15 @@
 #    128-token random prompts, 64-token outputs (--ignore-eos), 60 s: output tok/s, P0 TPOT;
 # 2. flood: 16 seats held by 32 background P3 streams of 300 tokens, a P0 probe every 3 s
 #    (16 tokens), then P0 TPOT under the flood and background tok/s.
-# `SPEC` is the --speculative-config of the "on" runs. Prints one table, the CPU on top.
+# `SPEC` is the --speculative-config of the "on" runs; `SERVE_ARGS`, more `tierserve serve` flags
+# for both (word-split, e.g. "--kv-cache-dtype float16"). Prints one table, the CPU on top.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 OUT=${OUT:-/tmp/spec-served}
 PORT=${PORT:-8012}
 SPEC=${SPEC:-'{"method": "ngram", "num_speculative_tokens": 4}'}
+SERVE_ARGS=${SERVE_ARGS:-}
 TS=$REPO/.venv/bin/tierserve
 mkdir -p "$OUT"
 SERVER_PID=
@@ -26,7 +28,9 @@ trap stop_server EXIT
 start() {  # mode [extra args]
   local mode=$1; shift
   local extra=()
-  [ "$mode" = on ] && extra=(--speculative-config "$SPEC")
+  # shellcheck disable=SC2206  # SERVE_ARGS is word-split on purpose
+  extra=($SERVE_ARGS)
+  [ "$mode" = on ] && extra+=(--speculative-config "$SPEC")
   setsid "$TS" serve --port "$PORT" --served-model-name smollm2 --log-level warning \
     "${extra[@]}" "$@" >"$OUT/server-$mode.log" 2>&1 &
   SERVER_PID=$!

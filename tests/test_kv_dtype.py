@@ -1,8 +1,8 @@
 """A 16-bit KV cache (`--kv-cache-dtype`): the attention kernel reads float16 and bfloat16
 caches exactly as the float32 kernel reads their values widened; the fused layer rounds what it
 writes as torch's `.to()` does; every step path's logits stay within the cache's rounding of a
-float32 cache; an engine fits twice the blocks in the same memory and float16 by default on the
-CPU; a name it does not know is a clear error."""
+float32 cache; an engine fits twice the blocks in the same memory (auto: the model's dtype);
+a name it does not know is a clear error."""
 
 import pytest
 import torch
@@ -142,16 +142,16 @@ def test_every_step_path_with_a_float16_cache_tracks_the_float32_cache(loaded):
         assert (half.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9, path
 
 
-def test_an_engine_fits_twice_the_blocks_and_defaults_to_float16_on_the_cpu():
+def test_an_engine_fits_twice_the_blocks_in_a_16bit_cache_and_auto_is_the_models_dtype():
     sizes = {}
-    for name, want in (("float32", torch.float32), ("bf16", torch.bfloat16),
-                       ("auto", torch.float16)):  # fmt: skip
+    for name, want in (("auto", torch.float32), ("bf16", torch.bfloat16),
+                       ("fp16", torch.float16)):  # fmt: skip
         built = build_engine(
             EngineArgs(kv_cache_gib=0.05, kv_cache_dtype=name, measure_costs=False)
         )
         ex = built.executor
-        if ex.model.dtype != torch.float32 or ex.model.device.type != "cpu":
-            pytest.skip("auto picks float16 for a float32 model on the CPU only")
+        if ex.model.dtype != torch.float32:
+            pytest.skip("the float32 model of the CPU")
         assert all(k.dtype == want and v.dtype == want for k, v in ex.kv_caches)
         sizes[name] = ex.num_blocks
         out = built.engine  # it serves: one greedy request end to end
@@ -160,8 +160,8 @@ def test_an_engine_fits_twice_the_blocks_and_defaults_to_float16_on_the_cpu():
         while not req.is_finished:
             out.step()
         assert req.num_output_tokens == 4
-    assert sizes["auto"] == sizes["bf16"]
-    assert 2 * sizes["float32"] <= sizes["auto"] <= 2 * sizes["float32"] + 1
+    assert sizes["fp16"] == sizes["bf16"]
+    assert 2 * sizes["auto"] <= sizes["fp16"] <= 2 * sizes["auto"] + 1
 
 
 @pytest.mark.parametrize("bad", ["fp8", "float64", "int8", ""])

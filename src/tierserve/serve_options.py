@@ -115,9 +115,9 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--kv-cache-dtype", E + "kv_cache_dtype", str, None,
-        "the KV cache's element type: auto (default: float16 for a float32 model on the CPU, "
-        "else the model's dtype) | float32 | float16 | bfloat16 (fp16, bf16 too); a 16-bit "
-        "cache holds twice the tokens in --kv-cache-gib and halves what decode attention reads"
+        "the KV cache's element type: auto (the model's dtype, default) | float32 | float16 | "
+        "bfloat16 (fp16, bf16 too); a 16-bit cache holds twice the tokens in --kv-cache-gib "
+        "and halves what decode attention reads: faster decode at long context"
     ),
     Option(
         "--policy", P + "name", str, None, "fcfs | strict | drr | wfq | hybrid (default hybrid)"

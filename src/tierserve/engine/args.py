@@ -56,8 +56,7 @@ class EngineArgs:
     activations: str = "auto"
     kv_cache_gib: float = 1.0
     # The KV cache's element type: float32, float16 or bfloat16 (vLLM's spellings fp16 and
-    # bf16 too); auto: float16 for a float32 model on the CPU, else the model's dtype
-    # (engine/builder.py, kv_cache_dtype).
+    # bf16 too); auto: the model's dtype (engine/builder.py, kv_cache_dtype).
     kv_cache_dtype: str = "auto"
     num_kv_blocks: int | None = None  # overrides kv_cache_gib
     # Host swap space for preempted KV. None: 4 GiB on CUDA, none on the CPU (there the device
