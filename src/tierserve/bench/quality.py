@@ -100,7 +100,7 @@ def measure(
     outs = llm.generate(msgs, SamplingParams(temperature=0.0, max_tokens=max_tokens))
     products = next((p for p in ("bf16", "int8") if f"{p} products" in model.weights_summary), None)
     label = quantization + (f"+{products}" if products else "") + (f"@{path}" if path else "")
-    kv = str(llm.executor.kv_caches[0][0].dtype).removeprefix("torch.")
+    kv = str(model.kv_dtype).removeprefix("torch.")
     label += "" if kv == "float32" else f" kv:{kv}"
     return QualityRow(label, model.weights_summary, ppl, [o.text for o in outs])
 

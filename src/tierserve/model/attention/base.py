@@ -139,9 +139,10 @@ def fresh_prefill(
     cache_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Attention of a chunk from position 0 over its own keys, [n, H, D] (computed in `dtype`
-    where given, returned in q's). With a cache narrower than k (`cache_dtype`, a 16-bit KV
-    cache) the keys and values are rounded to it first: the chunk attends to what the cache
-    holds, as its prompt's later chunks, its decodes and a prefix-cache hit on it do."""
+    where given, returned in q's). With a cache of another dtype than k (`cache_dtype`, a
+    16-bit KV cache) the keys and values are rounded to it first: the chunk attends to what
+    the cache holds, as its prompt's later chunks, its decodes and a prefix-cache hit on it
+    do."""
     qp, kp, vp = (t[p.start : p.end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     if cache_dtype is not None and cache_dtype != k.dtype:
         kp, vp = (t.to(cache_dtype).to(k.dtype) for t in (kp, vp))
