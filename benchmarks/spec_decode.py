@@ -48,6 +48,8 @@ def run(llm: LLM, prompts: list[str], concurrency: int, max_tokens: int) -> dict
     queue = [llm._encode([{"role": "user", "content": p}]) for p in prompts]
     live: list[Request] = []
     done: list[Request] = []
+    # (batch, prefill tokens, tokens, execute s, tokens emitted)
+    steps: list[tuple[int, int, int, float, int]] = []
     n = 0
     t0 = time.perf_counter()
     while queue or live:
@@ -60,6 +62,13 @@ def run(llm: LLM, prompts: list[str], concurrency: int, max_tokens: int) -> dict
             eng.add_request(req)
             live.append(req)
         eng.step()
+        st = eng.last_stats
+        if st is not None and not st.cut_in:
+            extra = sum(e - v for _, _, e, v in st.spec.step) if st.spec else 0
+            steps.append(
+                (st.batch_size, st.num_prefill_tokens, st.num_tokens, st.execute_s,
+                 st.batch_size + extra)
+            )  # fmt: skip
         for r in [r for r in live if r.is_finished]:
             live.remove(r)
             done.append(r)
@@ -75,7 +84,37 @@ def run(llm: LLM, prompts: list[str], concurrency: int, max_tokens: int) -> dict
         "ttft_ms": 1e3 * statistics.mean(ttft),
         "tok_s": sum(r.num_output_tokens for r in done) / wall,
         "outputs": {r.request_id: list(r.output_token_ids) for r in done},
+        "steps": steps,
     }
+
+
+def row_cost(off: list[dict], on: list[dict], batch: int) -> str:
+    """What a verified draft row costs at this batch, against what issue 25's 1.6x would allow.
+
+    Only decode steps with every stream in them count (no prefill tokens, `batch` requests).
+    T0: the median plain step (drafts off). The drafted steps' time is fitted as a + c x D
+    (least squares over steps, D the step's draft rows), c being one verified draft row's cost.
+    With the drafts as proposed (their mean D a step, yielding Y tokens a step in all), decode
+    steps alone give (T0 / batch) / (mean step / Y) lower TPOT, and 1.6x would need
+    c <= (T0 Y / (1.6 batch) - a) / D."""
+    plain = [s[3] for r in off for s in r["steps"] if s[0] == batch and s[1] == 0]
+    pts = [s for r in on for s in r["steps"] if s[0] == batch and s[1] == 0]
+    if len(plain) < 3 or len(pts) < 3:
+        return "too few full decode steps"
+    t0 = statistics.median(plain)
+    xs, ys = [s[2] - s[0] for s in pts], [s[3] for s in pts]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    c = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    a = my - c * mx
+    yield_ = statistics.fmean(s[4] for s in pts)
+    need = (t0 * yield_ / (1.6 * batch) - a) / mx if mx else float("nan")
+    return (
+        f"plain step {1e3 * t0:.2f} ms ({len(plain)} steps); drafted steps ({len(pts)}): "
+        f"{1e3 * a:.2f} ms + {1e3 * c:.3f} ms a draft row, {mx:.1f} draft rows and "
+        f"{yield_:.2f} tokens a step; decode steps alone {(t0 / batch) / (my / yield_):.2f}x; "
+        f"1.6x needs <= {1e3 * need:.3f} ms a row"
+    )
 
 
 def main() -> None:
@@ -99,6 +138,10 @@ def main() -> None:
     ap.add_argument(
         "--class-rule", action="store_true",
         help="a third arm whose rule reads only its class's acceptance, not the request's own"
+    )  # fmt: skip
+    ap.add_argument(
+        "--steps", action="store_true",
+        help="also report a verified draft row's cost and what 1.6x would need (row_cost)"
     )  # fmt: skip
     a = ap.parse_args()
     draft = str(default_model_path()) if a.draft_model == "embedded" else a.draft_model
@@ -166,6 +209,10 @@ def main() -> None:
                     f"| {accepted / drafted if drafted else 0:.2f} ({drafted} drafts) | {same} |",
                     flush=True,
                 )
+                if a.steps and drafted:
+                    print(f"  {arm}, {c} clients: " + row_cost(
+                        results["off"], results[arm], c
+                    ), flush=True)  # fmt: skip
 
 
 def _median(runs: list[dict]) -> dict:

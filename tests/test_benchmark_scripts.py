@@ -60,3 +60,30 @@ def test_autoscale_timeline_prints_the_autoscaler_s_inputs_and_the_cost():
     # minimum, 4).
     assert " 0-5  s |" in proc.stdout and "-> 2 (quiet)" in proc.stdout
     assert "replica-seconds" in proc.stdout and "per on-time" in proc.stdout
+
+
+def _load_benchmark(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_spec_decode_row_cost_recovers_a_draft_row_s_cost_and_the_bound():
+    """spec_decode.py --steps: steps of 4 streams, 9 ms plain and 0.8 ms more a draft row;
+    steps with a prefill or fewer streams are left out."""
+    row_cost = _load_benchmark("spec_decode").row_cost
+    step = lambda drafts, tokens: (4, 0, 4 + drafts, 0.009 + 0.0008 * drafts, tokens)  # noqa: E731
+    off = [{"steps": [(4, 0, 4, 0.009, 4)] * 5 + [(4, 100, 104, 0.5, 4), (2, 0, 2, 0.001, 2)]}]
+    on = [{"steps": [step(4, 7), step(8, 10), step(12, 12), (4, 50, 62, 0.3, 6)]}]
+    line = row_cost(off, on, 4)
+    assert "plain step 9.00 ms (5 steps)" in line
+    assert "9.00 ms + 0.800 ms a draft row" in line
+    assert "8.0 draft rows and 9.67 tokens a step" in line
+    # decode steps alone: (9 / 4) / (mean step 15.4 ms / 9.67 tokens)
+    assert "decode steps alone 1.41x" in line
+    # 1.6x: c <= (9 x 29 / 3 / 6.4 - 9) / 8 = 0.574 ms
+    assert "1.6x needs <= 0.574 ms a row" in line
+    assert row_cost(off, [{"steps": [step(4, 7)]}], 4) == "too few full decode steps"
