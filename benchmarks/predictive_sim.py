@@ -5,6 +5,12 @@ the seed-table cluster (Llama-3.1-70B, 8 x A100-80GB, hybrid) and on its memory-
     PYTHONPATH=src python benchmarks/predictive_sim.py                 # 16 runs, see docs
     PYTHONPATH=src python benchmarks/predictive_sim.py --duration 120  # a quick look
     PYTHONPATH=src python benchmarks/predictive_sim.py --sla           # SLA admission, 512
+    PYTHONPATH=src python benchmarks/predictive_sim.py --seats 512 96 80 72 64 56 48
+                                        # off, memory scenario, 128 clients, seats capped
+
+`--seats` measures what P1's P95 end-to-end latency costs in throughput without prediction:
+the same `off` run with `max_num_seqs` capped at each value (the frontier in
+docs/scheduling.md).
 
 Simulated figures (virtual clock, cost model): no CPU dependence except wall time.
 """
@@ -72,6 +78,20 @@ def sla_configs(concurrency, duration, order_s):
     ]
 
 
+def seat_configs(concurrency, duration, seats):
+    """`off` on the memory-pressure scenario with at most `n` running requests, for each n."""
+    base = MEMORY_PRESSURE_BASE
+    wl = replace(base.workload, lengths="heavy_tail", duration_s=duration, warmup_s=duration / 4)
+    return [
+        (
+            ("memory", c, f"off, seats {n}"),
+            replace(base, policy="hybrid", max_num_seqs=n, workload=replace(wl, concurrency=c)),
+        )
+        for c in concurrency
+        for n in seats
+    ]
+
+
 def _f(x, nd=2):
     return "-" if x is None else f"{x:.{nd}f}"
 
@@ -129,8 +149,16 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--json", help="write every summary here")
     p.add_argument("--sla", action="store_true", help="SLA admission on, --concurrency 512")
+    p.add_argument(
+        "--seats", type=int, nargs="+",
+        help="predictive off on the memory scenario with max_num_seqs capped at each (128 clients "
+        "unless --concurrency)"
+    )  # fmt: skip
     args = p.parse_args()
-    if args.sla:
+    if args.seats:
+        conc = args.concurrency if args.concurrency != [128, 256] else [128]
+        grid = seat_configs(conc, args.duration, args.seats)
+    elif args.sla:
         conc = args.concurrency if args.concurrency != [128, 256] else [512]
         grid = sla_configs(conc, args.duration, args.order_s)
     else:
