@@ -5,6 +5,8 @@ the seed-table cluster (Llama-3.1-70B, 8 x A100-80GB, hybrid) and on its memory-
     PYTHONPATH=src python benchmarks/predictive_sim.py                 # 16 runs, see docs
     PYTHONPATH=src python benchmarks/predictive_sim.py --duration 120  # a quick look
     PYTHONPATH=src python benchmarks/predictive_sim.py --sla           # SLA admission, 512
+    PYTHONPATH=src python benchmarks/predictive_sim.py --scenario memory --concurrency 128 \
+        --seed 0 1 2                    # three workload seeds
     PYTHONPATH=src python benchmarks/predictive_sim.py --seats 512 96 80 72 64 56 48
                                         # off, memory scenario, 128 clients, seats capped
 
@@ -31,7 +33,7 @@ VARIANTS = {  # name -> (order by prediction?, predictive_reserve); the bound: -
 }
 
 
-def configs(scenarios, concurrency, duration, order_s):
+def configs(scenarios, concurrency, duration, order_s, seeds=(0,)):
     out = []
     for s in scenarios:
         base = SCENARIOS[s]
@@ -39,15 +41,16 @@ def configs(scenarios, concurrency, duration, order_s):
             base.workload, lengths="heavy_tail", duration_s=duration, warmup_s=duration / 4
         )
         for c in concurrency:
-            for v, (order, reserve) in VARIANTS.items():
-                cfg = replace(
-                    base,
-                    policy="hybrid",
-                    predictive_order_s=order_s if order else 0.0,
-                    predictive_reserve=reserve,
-                    workload=replace(wl, concurrency=c),
-                )
-                out.append(((s, c, v), cfg))
+            for seed in seeds:
+                for v, (order, reserve) in VARIANTS.items():
+                    cfg = replace(
+                        base,
+                        policy="hybrid",
+                        predictive_order_s=order_s if order else 0.0,
+                        predictive_reserve=reserve,
+                        workload=replace(wl, concurrency=c, seed=seed),
+                    )
+                    out.append(((s, c, v if len(seeds) == 1 else f"{v}, seed {seed}"), cfg))
     return out
 
 
@@ -149,6 +152,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--json", help="write every summary here")
     p.add_argument("--sla", action="store_true", help="SLA admission on, --concurrency 512")
+    p.add_argument("--seed", type=int, nargs="+", default=[0], help="the workload's seeds")
     p.add_argument(
         "--seats", type=int, nargs="+",
         help="predictive off on the memory scenario with max_num_seqs capped at each (128 clients "
@@ -162,7 +166,7 @@ def main() -> None:
         conc = args.concurrency if args.concurrency != [128, 256] else [512]
         grid = sla_configs(conc, args.duration, args.order_s)
     else:
-        grid = configs(args.scenario, args.concurrency, args.duration, args.order_s)
+        grid = configs(args.scenario, args.concurrency, args.duration, args.order_s, args.seed)
     print(table(run_keyed(grid, summary, args.workers, args.json)))
 
 
