@@ -6,7 +6,7 @@ the seed-table cluster (Llama-3.1-70B, 8 x A100-80GB, hybrid) and on its memory-
     PYTHONPATH=src python benchmarks/predictive_sim.py --duration 120  # a quick look
     PYTHONPATH=src python benchmarks/predictive_sim.py --sla           # SLA admission, 512
     PYTHONPATH=src python benchmarks/predictive_sim.py --scenario memory --concurrency 128 \
-        --seed 0 1 2                    # three workload seeds
+        --seeds 0 1 2                   # three workload seeds
     PYTHONPATH=src python benchmarks/predictive_sim.py --seats 512 96 80 72 64 56 48
                                         # off, memory scenario, 128 clients, seats capped
 
@@ -33,13 +33,16 @@ VARIANTS = {  # name -> (order by prediction?, predictive_reserve); the bound: -
 }
 
 
+def heavy_tail(base, duration):
+    """`base`'s workload, heavy-tailed, `duration` simulated s (a quarter of it warm-up)."""
+    return replace(base.workload, lengths="heavy_tail", duration_s=duration, warmup_s=duration / 4)
+
+
 def configs(scenarios, concurrency, duration, order_s, seeds=(0,)):
     out = []
     for s in scenarios:
         base = SCENARIOS[s]
-        wl = replace(
-            base.workload, lengths="heavy_tail", duration_s=duration, warmup_s=duration / 4
-        )
+        wl = heavy_tail(base, duration)
         for c in concurrency:
             for seed in seeds:
                 for v, (order, reserve) in VARIANTS.items():
@@ -63,7 +66,7 @@ SLA_VARIANTS = {  # name -> (order?, reserve, ttft)
 
 def sla_configs(concurrency, duration, order_s):
     base = with_sla_admission(SEED_BASE)
-    wl = replace(base.workload, lengths="heavy_tail", duration_s=duration, warmup_s=duration / 4)
+    wl = heavy_tail(base, duration)
     return [
         (
             ("seed+sla", c, v),
@@ -84,7 +87,7 @@ def sla_configs(concurrency, duration, order_s):
 def seat_configs(concurrency, duration, seats):
     """`off` on the memory-pressure scenario with at most `n` running requests, for each n."""
     base = MEMORY_PRESSURE_BASE
-    wl = replace(base.workload, lengths="heavy_tail", duration_s=duration, warmup_s=duration / 4)
+    wl = heavy_tail(base, duration)
     return [
         (
             ("memory", c, f"off, seats {n}"),
@@ -152,7 +155,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--json", help="write every summary here")
     p.add_argument("--sla", action="store_true", help="SLA admission on, --concurrency 512")
-    p.add_argument("--seed", type=int, nargs="+", default=[0], help="the workload's seeds")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="the workload's seeds")
     p.add_argument(
         "--seats", type=int, nargs="+",
         help="predictive off on the memory scenario with max_num_seqs capped at each (128 clients "
@@ -166,7 +169,7 @@ def main() -> None:
         conc = args.concurrency if args.concurrency != [128, 256] else [512]
         grid = sla_configs(conc, args.duration, args.order_s)
     else:
-        grid = configs(args.scenario, args.concurrency, args.duration, args.order_s, args.seed)
+        grid = configs(args.scenario, args.concurrency, args.duration, args.order_s, args.seeds)
     print(table(run_keyed(grid, summary, args.workers, args.json)))
 
 
