@@ -127,6 +127,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
     loaded.weights = {}  # the model took what it needs (the tokenizer stays: a draft model's
     # vocabulary is checked against it)
     num_blocks = args.num_kv_blocks or blocks_for_gib(model, args.block_size, args.kv_cache_gib)
+    kv_bytes = num_blocks * kv_bytes_per_block(model, args.block_size)
     num_cpu = (
         blocks_for_gib(model, args.block_size, resolved.swap_space_gib)
         if resolved.swap_space_gib
@@ -140,7 +141,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             loaded,
             device,
             dtype,
-            num_blocks * kv_bytes_per_block(model, args.block_size),
+            kv_bytes,
             args.block_size,
             activations=args.activations,
             kv_dtype=model.kv_dtype,
@@ -160,7 +161,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         num_blocks,
         args.block_size,
         str(model.kv_dtype).removeprefix("torch."),
-        num_blocks * kv_bytes_per_block(model, args.block_size) / (1 << 30),
+        kv_bytes / (1 << 30),
     )
     max_len = context_length(args.max_model_len, loaded.config.max_position_embeddings)
     engine = EngineCore.build(
