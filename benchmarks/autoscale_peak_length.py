@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from tierserve.sim.fleet_ingress_report import AUTOSCALE_LABEL, FIXED_LABEL
+from tierserve.sim.report.fleet_ingress import AUTOSCALE_LABEL, FIXED_LABEL
 from tierserve.sim.scenarios import fleet_ingress_configs, run_grid
 
 BASE, PEAK, AFTER = 0.15, 0.8, 30.0

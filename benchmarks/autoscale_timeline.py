@@ -21,13 +21,13 @@ from collections import defaultdict
 from dataclasses import replace
 
 from tierserve.cluster import autoscale
-from tierserve.sim.fleet import build_fleet, fleet_options, fleet_router, replica_seconds
-from tierserve.sim.fleet_drive import FleetDriver
-from tierserve.sim.fleet_ingress_report import AUTOSCALE_LABEL
-from tierserve.sim.fleet_scale import Scaler
+from tierserve.sim.engine.stats import run_stats
+from tierserve.sim.fleet.drive import FleetDriver
+from tierserve.sim.fleet.model import build_fleet, fleet_options, fleet_router, replica_seconds
+from tierserve.sim.fleet.scale import Scaler
+from tierserve.sim.report.fleet_ingress import AUTOSCALE_LABEL
 from tierserve.sim.scenarios import fleet_ingress_configs
-from tierserve.sim.stats import run_stats
-from tierserve.sim.workload import make_workload
+from tierserve.workloads.synthetic import make_workload
 
 CLASSES = (("p0", 0), ("p1", 1))
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tierserve.priority import Priority
+from tierserve.sim.engine.runner import run_simulation
 from tierserve.sim.promise import CPU
-from tierserve.sim.runner import run_simulation
-from tierserve.sim.workload import ClassSpec, LengthDist, WorkloadConfig
+from tierserve.workloads.synthetic import ClassSpec, LengthDist, WorkloadConfig
 
 SHORT = ClassSpec(LengthDist(64, 0.01, 63, 65), LengthDist(32, 0.01, 31, 33))
 MIXES = [("P0 6% beside P2", (0.06, 0.0, 0.94, 0.0), 34), ("bench mix", (0.05, 0.6, 0.3, 0.05), 32)]

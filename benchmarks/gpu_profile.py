@@ -32,8 +32,8 @@ from tierserve.model.config import ModelConfig
 from tierserve.model.llama import LlamaModel
 from tierserve.model.plan import uses_blas
 from tierserve.sampling_params import SamplingParams
-from tierserve.sim.cost_model import CostModel
-from tierserve.sim.profiles import ModelProfile, load_hardware
+from tierserve.sim.calibration.profiles import ModelProfile, load_hardware
+from tierserve.sim.engine.cost_model import CostModel
 
 LLAMA_8B = ModelConfig(
     architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,

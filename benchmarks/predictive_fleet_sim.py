@@ -18,9 +18,9 @@ from dataclasses import replace
 
 from predictive_sim import _f, class_figures  # a sibling script: python benchmarks/...
 
-from tierserve.sim.fleet import FleetConfig, run_fleet
-from tierserve.sim.runner import SimConfig
-from tierserve.sim.workload import WorkloadConfig
+from tierserve.sim.engine.runner import SimConfig
+from tierserve.sim.fleet.model import FleetConfig, run_fleet
+from tierserve.workloads.synthetic import WorkloadConfig
 
 BASE = SimConfig(
     hardware="h100-80gb",

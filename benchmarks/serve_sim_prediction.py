@@ -19,10 +19,10 @@ from pathlib import Path
 
 from tierserve.loadgen.report import fmt
 from tierserve.loadgen.workload import class_specs
-from tierserve.sim.report import write_markdown, write_plots
-from tierserve.sim.runner import SimConfig
+from tierserve.sim.engine.runner import SimConfig
+from tierserve.sim.report.engine import write_markdown, write_plots
 from tierserve.sim.scenarios import grid_configs, run_grid
-from tierserve.sim.workload import WorkloadConfig
+from tierserve.workloads.synthetic import WorkloadConfig
 
 
 def main() -> None:

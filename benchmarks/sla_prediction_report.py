@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tierserve.sim.stats import percentile
+from tierserve.sim.engine.stats import percentile
 
 SLA = {0: 0.5, 1: 5.0, 2: 60.0, 3: None}
 

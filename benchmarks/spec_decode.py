@@ -28,7 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
-from tierserve.core.spec import SpecConfig
+from tierserve.core.speculation import SpecConfig
 from tierserve.llm import LLM
 from tierserve.model.loader import default_model_path
 from tierserve.priority import Priority

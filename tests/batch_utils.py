@@ -78,18 +78,18 @@ def batch_server(built, settings):
     from tests import server_utils
 
     made: list[FastAPI] = []
-    real = server_utils.create_app
+    real = server_utils.build_app
 
     def capture(state):
         made.append(real(state))
         return made[-1]
 
-    server_utils.create_app = capture
+    server_utils.build_app = capture
     try:
         with server_utils.running_server(built, settings) as (url, state):
             yield url, state, made[-1].state.batch
     finally:
-        server_utils.create_app = real
+        server_utils.build_app = real
 
 
 def metric(url: str, name: str, **labels) -> float:

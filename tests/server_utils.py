@@ -12,12 +12,11 @@ from dataclasses import replace
 import httpx
 import uvicorn
 
-from tierserve.api.app import create_app
 from tierserve.api.settings import ServerSettings
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.builder import BuiltEngine
-from tierserve.memory import freeze_heap
-from tierserve.server import build_state, uvicorn_config
+from tierserve.host.memory import freeze_heap
+from tierserve.server import build_app, build_state, uvicorn_config
 
 
 def free_port() -> int:
@@ -36,7 +35,7 @@ def running_server(built: BuiltEngine, settings: ServerSettings | None = None, *
     settings = replace(settings or ServerSettings(), port=free_port())
     state = build_state(args, settings, built)
     settings = replace(settings, log_level="warning")
-    server = uvicorn.Server(uvicorn_config(create_app(state), settings))
+    server = uvicorn.Server(uvicorn_config(build_app(state), settings))
     thread = threading.Thread(target=server.run, daemon=True)
     freeze_heap()  # as `tierserve serve` does; undone below (this process is the test run)
     thread.start()

@@ -16,8 +16,8 @@ from tierserve.cluster.autoscale import ScaleConfig, desired_replicas
 from tierserve.cluster.signals import ClassWindow, held_metrics, merge_held
 from tierserve.priority import Priority
 from tierserve.routing.late_binding import WaitQueue
-from tierserve.sim.fleet import FleetConfig, run_fleet
-from tierserve.sim.fleet_scale import AutoscaleConfig, Scaler
+from tierserve.sim.fleet.model import FleetConfig, run_fleet
+from tierserve.sim.fleet.scale import AutoscaleConfig, Scaler
 
 
 def p1_late(waiting: float, served_per_s: float) -> dict[str, float]:

@@ -201,7 +201,7 @@ def test_postgresql_store_through_an_sqlalchemy_url(pg_url):
 
 def serve_settings(*flags):
     from tierserve.cli import build_parser
-    from tierserve.serve_cli import build_configs, merged_options
+    from tierserve.cli.serve import build_configs, merged_options
 
     return build_configs(merged_options(build_parser().parse_args(["serve", *flags])))[1]
 

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tierserve.cli import build_parser
+from tierserve.cli.serve import build_configs, merged_options
 from tierserve.clock import ManualClock
 from tierserve.cluster import wire
 from tierserve.cluster.autoscale import ClassAutoscalingPolicy, ScaleConfig, desired_replicas
@@ -28,7 +29,6 @@ from tierserve.priority import Priority
 from tierserve.request import EngineRequest
 from tierserve.routing import ReplicaStats, RouteRequest
 from tierserve.sampling_params import SamplingParams
-from tierserve.serve_cli import build_configs, merged_options
 
 # -- wire ----------------------------------------------------------------------------------------
 

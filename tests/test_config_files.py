@@ -9,9 +9,9 @@ import pytest
 
 from tierserve.api.tenancy import TenantRegistry
 from tierserve.cli import build_parser
+from tierserve.cli.serve import build_configs, merged_options
 from tierserve.config_file import ConfigFileError
 from tierserve.priority import Priority
-from tierserve.serve_cli import build_configs, merged_options
 
 
 def tenants(tmp_path, text):

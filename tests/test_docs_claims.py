@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tierserve.sim.report import write_markdown
-from tierserve.sim.runner import SimConfig, run_simulation
-from tierserve.sim.workload import WorkloadConfig
+from tierserve.sim.engine.runner import SimConfig, run_simulation
+from tierserve.sim.report.engine import write_markdown
+from tierserve.workloads.synthetic import WorkloadConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

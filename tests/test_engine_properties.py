@@ -187,7 +187,7 @@ def test_random_stress_keeps_invariants_and_loses_nothing(seed, speculate):
     )
     if speculate:
         from tests.test_spec_core import oracle
-        from tierserve.core.spec import SpecConfig, Speculation
+        from tierserve.core.speculation import SpecConfig, Speculation
 
         cfg = SpecConfig(classes=(0, 1, 2, 3), prior_acceptance=0.9)
         eng.scheduler.speculation = Speculation(cfg, oracle(random.Random(seed), 0.3))

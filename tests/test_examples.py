@@ -10,8 +10,8 @@ import pytest
 from tierserve.api.drain import FLUSH_S
 from tierserve.api.tenancy import TenantRegistry
 from tierserve.cli import build_parser
+from tierserve.cli.serve import build_configs, merged_options, read_config_file
 from tierserve.priority import Priority
-from tierserve.serve_cli import build_configs, merged_options, read_config_file
 from tierserve.server import tenant_registry
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -14,10 +14,10 @@ from tierserve.request import Request
 from tierserve.routing import RouteRequest, make_router, replica_stats
 from tierserve.routing.types import hash_key
 from tierserve.sampling_params import SamplingParams
-from tierserve.sim.driver import drive
-from tierserve.sim.fleet import FleetConfig, build_fleet, drive_fleet, run_fleet
-from tierserve.sim.runner import SimConfig, build
-from tierserve.sim.workload import Workload, WorkloadConfig
+from tierserve.sim.engine.driver import drive
+from tierserve.sim.engine.runner import SimConfig, build
+from tierserve.sim.fleet.model import FleetConfig, build_fleet, drive_fleet, run_fleet
+from tierserve.workloads.synthetic import Workload, WorkloadConfig
 
 SMALL = SimConfig(
     hardware="h100-80gb",
@@ -146,7 +146,7 @@ def test_fleet_config_refuses_bad_input():
 
 def test_the_step_oracle_sends_p0_where_the_step_in_flight_ends_first():
     from tierserve.routing.rank import rank_replicas
-    from tierserve.sim.fleet import step_oracle
+    from tierserve.sim.fleet.model import step_oracle
 
     engine_a, engine_b = _small_engine(), _small_engine()
     engine_b.clock.set(0.5)  # b's step in flight ends later
@@ -160,7 +160,7 @@ def test_the_step_oracle_sends_p0_where_the_step_in_flight_ends_first():
 
 def test_the_simulate_command_offers_every_fleet_router():
     from tierserve.cli import build_parser
-    from tierserve.sim.fleet import FLEET_ROUTERS
+    from tierserve.sim.fleet.model import FLEET_ROUTERS
 
     sim = build_parser()._subparsers._group_actions[0].choices["simulate"]
     router = next(a for a in sim._actions if a.dest == "router")

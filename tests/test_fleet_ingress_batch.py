@@ -13,7 +13,7 @@ from tierserve.cluster.fleet import FleetView, ReplicaLoad
 from tierserve.cluster.ingress_queue import IngressQueue
 from tierserve.priority import Priority
 from tierserve.routing.late_binding import WaitQueue, batch_room, class_room, free_step_tokens
-from tierserve.sim.fleet import FleetConfig
+from tierserve.sim.fleet.model import FleetConfig
 
 P0, P1, P2, P3 = Priority
 

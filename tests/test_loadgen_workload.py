@@ -16,8 +16,7 @@ from tierserve.loadgen.workload import (
     load_conversations,
 )
 from tierserve.priority import Priority
-from tierserve.sim.fidelity import CPU_CLASSES
-from tierserve.sim.workload import DEFAULT_CLASSES, Workload, WorkloadConfig
+from tierserve.workloads.synthetic import CPU_CLASSES, DEFAULT_CLASSES, Workload, WorkloadConfig
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ import pytest
 
 from tests.fake_engine import fake_built, words
 from tests.server_utils import running_server
+from tierserve.cli.serve import build_configs, merged_options
 from tierserve.engine.args import EngineArgs, parse_predictive
 from tierserve.engine.builder import predictor
 from tierserve.request import Request
 from tierserve.sampling_params import SamplingParams
-from tierserve.serve_cli import build_configs, merged_options
 
 
 def test_learned_lengths_survive_a_restart_and_the_error_is_exported(tmp_path, monkeypatch):

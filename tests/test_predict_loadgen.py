@@ -21,8 +21,8 @@ from tierserve.loadgen.text import PromptMaker, load_tokenizer
 from tierserve.priority import Priority
 from tierserve.request import Request
 from tierserve.sampling_params import SamplingParams
-from tierserve.sim.heavy_tail import TEMPLATES, HeavyTailWorkload
-from tierserve.sim.workload import WorkloadConfig
+from tierserve.workloads.heavy_tail import TEMPLATES, HeavyTailWorkload
+from tierserve.workloads.synthetic import WorkloadConfig
 
 
 @pytest.fixture(scope="module")

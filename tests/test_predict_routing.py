@@ -144,9 +144,9 @@ def test_local_load_adds_sent_prompts_to_the_predicted_figures():
 def test_the_simulated_fleet_ranks_by_the_same_predicted_figures():
     """`SimConfig.predictive_routing`: the fleet's replicas report predictions through the same
     record and ranking code; routing changes, nothing is lost, runs repeat exactly."""
-    from tierserve.sim.fleet import FleetConfig, build_fleet, run_fleet
-    from tierserve.sim.runner import SimConfig
-    from tierserve.sim.workload import WorkloadConfig
+    from tierserve.sim.engine.runner import SimConfig
+    from tierserve.sim.fleet.model import FleetConfig, build_fleet, run_fleet
+    from tierserve.workloads.synthetic import WorkloadConfig
 
     sim = SimConfig(
         hardware="h100-80gb", model="llama-3.1-8b", tp=1, max_num_seqs=32,

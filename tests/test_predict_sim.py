@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from tierserve.sim.heavy_tail import TEMPLATES, HeavyTailWorkload
-from tierserve.sim.runner import SimConfig, run_simulation
-from tierserve.sim.workload import Workload, WorkloadConfig, make_workload
+from tierserve.sim.engine.runner import SimConfig, run_simulation
+from tierserve.workloads.heavy_tail import TEMPLATES, HeavyTailWorkload
+from tierserve.workloads.synthetic import Workload, WorkloadConfig, make_workload
 
 SMALL = SimConfig(
     hardware="h100-80gb",

@@ -3,8 +3,8 @@
 import pytest
 
 from tierserve.cli import build_parser
+from tierserve.cli.serve import build_configs, merged_options
 from tierserve.priority import Priority
-from tierserve.serve_cli import build_configs, merged_options
 
 
 def parse(*argv):

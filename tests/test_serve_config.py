@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 
 from tierserve.cli import build_parser
+from tierserve.cli.serve import CLI_ONLY, ServeConfigFile, build_configs, merged_options
+from tierserve.cli.serve_config import ServeConfig, build_serve_config, destination_exists
+from tierserve.cli.serve_options import OPTIONS
 from tierserve.config_file import ConfigFileError
 from tierserve.engine.args import DEVICE_DEFAULTS, EngineArgs, resolve_defaults
 from tierserve.priority import Priority
-from tierserve.serve_cli import CLI_ONLY, ServeConfigFile, build_configs, merged_options
-from tierserve.serve_config import ServeConfig, build_serve_config, destination_exists
-from tierserve.serve_options import OPTIONS
 
 
 def serve_parser() -> argparse.ArgumentParser:

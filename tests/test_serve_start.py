@@ -16,7 +16,7 @@ import pytest
 
 from tests.server_utils import free_port
 from tierserve import cli
-from tierserve.serve_cli import build_configs, merged_options
+from tierserve.cli.serve import build_configs, merged_options
 
 
 def parse(*argv):
@@ -115,8 +115,8 @@ def test_max_model_len_above_the_models_is_clamped_and_logged(caplog):
 
 
 def test_the_served_name_drops_the_gguf_quantization_tag():
+    from tierserve.cli.serve_model import served_name
     from tierserve.model.loader import default_model_path
-    from tierserve.serve_model import served_name
 
     assert served_name(None) == "SmolLM2-135M-Instruct"
     assert served_name(str(default_model_path())) == "SmolLM2-135M-Instruct"
@@ -133,13 +133,13 @@ def test_the_served_name_drops_the_gguf_quantization_tag():
 
 
 def test_cpu_threads_flag_and_the_auto_choice(monkeypatch):
-    from tierserve.cpu_threads import ThreadChoice, choose_threads, parse_threads
+    from tierserve.host.threads import ThreadChoice, choose_threads, parse_threads
 
     assert parse("--cpu-threads", "1")[0].cpu_threads == 1
     assert parse("--cpu-threads", "auto")[0].cpu_threads is None
     assert parse()[0].cpu_threads is None  # auto: resolved when serving
     assert parse_threads("3") == 3
-    from tierserve import cpu_threads
+    from tierserve.host import threads as cpu_threads
 
     monkeypatch.setattr(cpu_threads, "available_cpus", lambda: 2)
     monkeypatch.setattr(cpu_threads, "busy_elsewhere", lambda s=0: 1.0)
@@ -159,7 +159,7 @@ def test_cpu_threads_flag_and_the_auto_choice(monkeypatch):
 
 def test_busy_elsewhere_sees_another_busy_process():
     """A real measurement: a process spinning on one core counts as about one busy core."""
-    from tierserve.cpu_threads import busy_elsewhere
+    from tierserve.host.threads import busy_elsewhere
 
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from tierserve.priority import Priority
-from tierserve.sim.cost_model import CostModel
-from tierserve.sim.events import EventKind, EventQueue
-from tierserve.sim.profiles import load_hardware, load_model_profile, shipped_profiles
-from tierserve.sim.runner import SimConfig, run_simulation
-from tierserve.sim.workload import Workload, WorkloadConfig
+from tierserve.sim.calibration.profiles import load_hardware, load_model_profile, shipped_profiles
+from tierserve.sim.engine.cost_model import CostModel
+from tierserve.sim.engine.events import EventKind, EventQueue
+from tierserve.sim.engine.runner import SimConfig, run_simulation
+from tierserve.workloads.synthetic import Workload, WorkloadConfig
 
 
 def test_70b_decode_step_on_8_a100_matches_a_hand_calculation():
@@ -131,7 +131,7 @@ def test_workload_is_reproducible_and_follows_the_mix():
 
 def test_shared_prefixes_give_prefix_cache_hits():
     wl = replace(SMALL.workload, shared_prefixes=True)
-    from tierserve.sim.runner import build
+    from tierserve.sim.engine.runner import build
 
     engine, _, _ = build(replace(SMALL, workload=wl))
     w = Workload(wl)
@@ -153,7 +153,7 @@ def test_invalid_workloads_are_refused():
 
 
 def test_nnls_recovers_known_non_negative_coefficients():
-    from tierserve.sim.calibrate import _nnls
+    from tierserve.sim.calibration.calibrate import _nnls
 
     rng = np.random.default_rng(0)
     a = rng.uniform(0, 1, (60, 6))
@@ -164,8 +164,8 @@ def test_nnls_recovers_known_non_negative_coefficients():
 
 
 def test_calibration_fit_recovers_a_synthetic_additive_machine():
-    from tierserve.sim.calibrate import fit
-    from tierserve.sim.profiles import HardwareProfile
+    from tierserve.sim.calibration.calibrate import fit
+    from tierserve.sim.calibration.profiles import HardwareProfile
 
     hw = HardwareProfile(
         name="truth",
@@ -287,7 +287,7 @@ def test_driver_records_a_request_the_scheduler_ends_without_running_anything():
     from tierserve.executor.fake import FakeExecutor
     from tierserve.request import Request
     from tierserve.sampling_params import SamplingParams
-    from tierserve.sim.driver import drive
+    from tierserve.sim.engine.driver import drive
 
     class OneLongRequest(Workload):
         def make(self, now):
@@ -331,7 +331,8 @@ def test_simulate_gamma_cv_flag_reaches_the_workload():
     """Issue 14 item 11: --gamma-cv was parsed and then dropped."""
     import statistics
 
-    from tierserve.cli import build_parser, workload_config
+    from tierserve.cli import build_parser
+    from tierserve.cli.simulate import workload_config
 
     def gaps(cv: str) -> list[float]:
         args = build_parser().parse_args(["simulate", "--arrival", "gamma", "--gamma-cv", cv])
@@ -345,7 +346,7 @@ def test_simulate_gamma_cv_flag_reaches_the_workload():
 
 def test_plots_are_written_when_no_class_got_a_first_token(tmp_path):
     """A run too short for any first token used to raise 'Data cannot be log-scaled'."""
-    from tierserve.sim.report import write_plots
+    from tierserve.sim.report.engine import write_plots
 
     cls = {"ttft_p95_s": None, "sla_s": None}
     series = [{"t": 0.0, "floor": 0, "reserve": 0, "shared": 0, "borrowed": 0}]
@@ -372,7 +373,7 @@ def test_open_loop_arrivals_keep_their_rate_when_steps_are_longer_than_the_gaps(
     from tierserve.config import AdmissionConfig, CacheConfig, SchedulerConfig
     from tierserve.engine import EngineCore
     from tierserve.executor.fake import FakeExecutor
-    from tierserve.sim.driver import drive
+    from tierserve.sim.engine.driver import drive
 
     clock = ManualClock()
     eng = EngineCore.build(
@@ -381,7 +382,7 @@ def test_open_loop_arrivals_keep_their_rate_when_steps_are_longer_than_the_gaps(
         CacheConfig(16, 4096),
         SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=1 << 16),
     )
-    from tierserve.sim.workload import ClassSpec, LengthDist
+    from tierserve.workloads.synthetic import ClassSpec, LengthDist
 
     short = ClassSpec(LengthDist(16, 0.1, 8, 32), LengthDist(2, 0.1, 1, 4))
     classes = dict.fromkeys(Priority, short)
@@ -414,7 +415,7 @@ def test_preemption_time_counts_recomputed_tokens_at_their_marginal_step_cost():
     from tierserve.clock import ManualClock
     from tierserve.core.outputs import NewRequestData, SchedulerOutput
     from tierserve.sampling_params import SamplingParams
-    from tierserve.sim.executor import SimExecutor
+    from tierserve.sim.engine.executor import SimExecutor
 
     cm = CostModel(load_hardware("a100-80gb"), load_model_profile("llama-3.1-8b"), tp=1)
     ex = SimExecutor(cm, ManualClock(), 16)

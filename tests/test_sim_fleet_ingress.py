@@ -20,13 +20,19 @@ from tierserve.priority import Priority
 from tierserve.request import Request
 from tierserve.routing.late_binding import WaitQueue, class_room
 from tierserve.sampling_params import SamplingParams
-from tierserve.sim import fleet_scale
-from tierserve.sim.fleet import FleetConfig, build_fleet, fleet_options, fleet_router, run_fleet
-from tierserve.sim.fleet_drive import FleetDriver, Replica
-from tierserve.sim.fleet_ingress import FleetQueueView
-from tierserve.sim.fleet_scale import AutoscaleConfig, Scaler, parse_autoscale
-from tierserve.sim.runner import SimConfig
-from tierserve.sim.workload import ClassSpec, LengthDist, Workload, WorkloadConfig
+from tierserve.sim.engine.runner import SimConfig
+from tierserve.sim.fleet import scale as fleet_scale
+from tierserve.sim.fleet.drive import FleetDriver, Replica
+from tierserve.sim.fleet.ingress import FleetQueueView
+from tierserve.sim.fleet.model import (
+    FleetConfig,
+    build_fleet,
+    fleet_options,
+    fleet_router,
+    run_fleet,
+)
+from tierserve.sim.fleet.scale import AutoscaleConfig, Scaler, parse_autoscale
+from tierserve.workloads.synthetic import ClassSpec, LengthDist, Workload, WorkloadConfig
 
 P0, P1, P2, P3 = Priority
 

@@ -12,9 +12,9 @@ from importlib import resources
 
 import pytest
 
-from tierserve.sim.calibrate import profile_from_fit
-from tierserve.sim.machine import describe, differences, machine_fingerprint
-from tierserve.sim.profiles import load_hardware, locate, profile_notes
+from tierserve.host.machine import describe, differences, machine_fingerprint
+from tierserve.sim.calibration.calibrate import profile_from_fit
+from tierserve.sim.calibration.profiles import load_hardware, locate, profile_notes
 
 BLOCK_TORCH = textwrap.dedent(
     """
@@ -33,8 +33,9 @@ BLOCK_TORCH = textwrap.dedent(
 def test_the_simulator_and_its_command_run_with_torch_blocked(tmp_path):
     script = BLOCK_TORCH + textwrap.dedent(
         f"""
-        import tierserve.sim, tierserve.sim.runner, tierserve.sim.scenarios, tierserve.sim.fleet
-        import tierserve.sim.report, tierserve.sim.fleet_report, tierserve.sim.profiles
+        import tierserve.sim, tierserve.sim.engine.runner, tierserve.sim.scenarios
+        import tierserve.sim.fleet.model, tierserve.sim.report.engine, tierserve.sim.report.fleet
+        import tierserve.sim.calibration.profiles
         import tierserve.routing
         from tierserve.cli import main
 
@@ -73,7 +74,7 @@ def test_a_users_profile_takes_precedence_and_says_so(tmp_path, monkeypatch, cap
     mine = tmp_path / "profiles" / "h100-80gb.json"
     mine.parent.mkdir()
     mine.write_text(json.dumps(_shipped("h100-80gb") | {"peak_flops": 123e12}))
-    with caplog.at_level(logging.INFO, logger="tierserve.sim.profiles"):
+    with caplog.at_level(logging.INFO, logger="tierserve.sim.calibration.profiles"):
         hw = load_hardware("h100-80gb")
     assert hw.peak_flops == 123e12
     assert str(mine) in caplog.text

@@ -7,9 +7,9 @@ import io
 import time
 from dataclasses import replace
 
-from tierserve.sim.runner import SimConfig
+from tierserve.sim.engine.runner import SimConfig
 from tierserve.sim.scenarios import Progress, run_grid
-from tierserve.sim.workload import WorkloadConfig
+from tierserve.workloads.synthetic import WorkloadConfig
 
 TINY = SimConfig(
     hardware="h100-80gb",

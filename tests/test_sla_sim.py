@@ -14,11 +14,11 @@ import pytest
 from tierserve.admission.sla import retry_after_seconds
 from tierserve.config import PriorityConfig
 from tierserve.priority import Priority
-from tierserve.sim.driver import DriveResult, RequestRecord
-from tierserve.sim.runner import SimConfig, run_simulation
+from tierserve.sim.engine.driver import DriveResult, RequestRecord
+from tierserve.sim.engine.runner import SimConfig, run_simulation
+from tierserve.sim.engine.stats import run_stats
 from tierserve.sim.scenarios import seed_table_sla_configs, with_sla_admission
-from tierserve.sim.stats import run_stats
-from tierserve.sim.workload import WorkloadConfig
+from tierserve.workloads.synthetic import WorkloadConfig
 
 P0, P1, P2, P3 = Priority
 

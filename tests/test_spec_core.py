@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.test_engine_properties import build as build_engine
 from tests.test_engine_properties import drive_specs, make_specs, to_request
-from tierserve.core.spec import (
+from tierserve.core.speculation import (
     SpecConfig,
     Speculation,
     expected_tokens,

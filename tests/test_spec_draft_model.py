@@ -17,7 +17,7 @@ from tests.test_architectures import save_tiny
 from tests.test_spec_core import MEMORY_BOUND, FixedTime
 from tests.test_spec_model import prompts
 from tierserve import LLM
-from tierserve.core.spec import SpecConfig, Speculation, parse_speculative_config
+from tierserve.core.speculation import SpecConfig, Speculation, parse_speculative_config
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.builder import build_engine
 from tierserve.executor.draft_loader import BadDraftModel

@@ -13,7 +13,7 @@ import pytest
 from tests.test_architectures import save_tiny
 from tests.test_spec_core import MEMORY_BOUND, FixedTime
 from tierserve import LLM
-from tierserve.core.spec import SpecConfig, Speculation
+from tierserve.core.speculation import SpecConfig, Speculation
 from tierserve.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.model

@@ -13,7 +13,7 @@ import httpx
 from tests.fake_engine import fake_built, words
 from tests.server_utils import running_server
 from tests.test_spec_core import MEMORY_BOUND, FixedTime, oracle
-from tierserve.core.spec import SpecConfig, Speculation
+from tierserve.core.speculation import SpecConfig, Speculation
 
 
 def _metric(text: str, name: str) -> float:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tierserve.core.spec import SpecConfig
-from tierserve.sim.runner import SimConfig, run_simulation
-from tierserve.sim.workload import WorkloadConfig
+from tierserve.core.speculation import SpecConfig
+from tierserve.sim.engine.runner import SimConfig, run_simulation
+from tierserve.workloads.synthetic import WorkloadConfig
 
 BASE = SimConfig(
     hardware="h100-80gb",
@@ -43,7 +43,7 @@ def test_a_full_batch_keeps_its_throughput_and_p2_p3_never_draft_beside_others()
 def test_simulate_flags_name_bad_values():
     import pytest
 
-    from tierserve.sim.runner import with_speculation
+    from tierserve.sim.engine.runner import with_speculation
 
     got = with_speculation([BASE], '{"num_speculative_tokens": 2}', [0.5, 0.6, 0.7, 0.8])
     assert got[0].speculative.num_speculative_tokens == 2
@@ -57,7 +57,7 @@ def test_simulate_flags_name_bad_values():
 
 def test_a_draft_model_config_runs_in_the_simulator_with_the_modelled_acceptance():
     """Nothing is loaded: the simulator prices the drafts and draws their acceptance."""
-    from tierserve.sim.runner import with_speculation
+    from tierserve.sim.engine.runner import with_speculation
 
     light = replace(BASE, workload=replace(BASE.workload, mix=(1.0, 0, 0, 0), duration_s=10.0))
     raw = '{"method": "draft_model", "model": "/nowhere/draft.gguf"}'

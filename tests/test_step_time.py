@@ -23,7 +23,7 @@ from tierserve.core.step_time import (
 )
 from tierserve.policies import create_policy
 from tierserve.priority import Priority
-from tierserve.sim.cost_clock import cpu_cost_model
+from tierserve.sim.engine.cost_clock import cpu_cost_model
 from tierserve.sim.promise import bench_throughput, probe_behind
 
 P0, P1, P2, P3 = Priority
@@ -146,7 +146,7 @@ def test_bench_serve_throughput_stays_within_5_percent(clients):
 def test_serve_flags_set_the_step_bound_and_the_cache_retention(tmp_path):
     import argparse
 
-    from tierserve.serve_cli import add_serve_arguments, build_configs, merged_options
+    from tierserve.cli.serve import add_serve_arguments, build_configs, merged_options
 
     p = argparse.ArgumentParser()
     add_serve_arguments(p)
@@ -175,7 +175,7 @@ def _calibrated_engine(**sched_overrides):
     from tests.helpers import make_request
     from tierserve.clock import ManualClock
     from tierserve.engine import EngineCore
-    from tierserve.sim.cost_clock import CostClockExecutor
+    from tierserve.sim.engine.cost_clock import CostClockExecutor
 
     clock = ManualClock()
     ex = CostClockExecutor(clock, 1456, 16)

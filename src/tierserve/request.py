@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, fields
 
-from tierserve.core.outputs import PromptLogprobs, TopLogprobs
+from tierserve.logprobs import PromptLogprobs, TopLogprobs
 from tierserve.priority import Priority
 from tierserve.sampling_params import SamplingParams
 
@@ -149,7 +149,7 @@ class Request:
     num_accepted_tokens: int = field(default=0, init=False)
     # ... and the recent drafts compared and accepted, decayed per verification: a request
     # copying its input accepts nearly all, the same request writing anew nearly none
-    # (core/spec/speculation.py, `Speculation.acceptance_of`).
+    # (core/speculation/speculation.py, `Speculation.acceptance_of`).
     spec_recent: tuple[float, float] = field(default=(0.0, 0.0), init=False)
     # The output length the scheduler's predictor expected (P50) when it took the request in,
     # and whether the request then ended the model's way (EOS, a stop, or max_tokens): what the

@@ -25,9 +25,9 @@ from tierserve.api.drain import FLUSH_S, drain
 from tierserve.api.settings import ServerSettings
 from tierserve.api.state import ServerState
 from tierserve.api.tenancy import TenantRegistry, tenant_registry
+from tierserve.batch.routes import mount_batch
 from tierserve.chat.prompt import ChatPrompter
 from tierserve.chat.template import load_chat_template
-from tierserve.cpu_threads import ThreadChoice, choose_threads
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.async_engine import AsyncEngine
 from tierserve.engine.builder import (
@@ -39,7 +39,8 @@ from tierserve.engine.builder import (
 from tierserve.engine.core import StepStats
 from tierserve.engine.load import LateRequestCheck
 from tierserve.executor.draft_loader import BadDraftModel
-from tierserve.memory import fix_mmap_threshold, freeze_heap
+from tierserve.host.memory import fix_mmap_threshold, freeze_heap
+from tierserve.host.threads import ThreadChoice, choose_threads
 from tierserve.metrics import Metrics
 from tierserve.model.loader import ModelNotFound
 
@@ -47,6 +48,12 @@ log = logging.getLogger("tierserve.server")
 
 EXIT_REQUESTS_CUT = 3  # the grace period ended with requests still running
 EXIT_BAD_SETTINGS = 2  # as for every settings error found before the model loads
+
+
+def build_app(state: ServerState):
+    """The HTTP app: the core API, plus the Batch API (/v1/files, /v1/batches) where the
+    settings name its database."""
+    return create_app(state, mounts=[mount_batch])
 
 
 def build_state(
@@ -149,7 +156,7 @@ class _Server(uvicorn.Server):
 
 
 def _memory_settings() -> None:
-    """$TIERSERVE_MMAP_THRESHOLD_MIB fixes glibc's mmap threshold (tierserve.memory): ~100 MiB
+    """$TIERSERVE_MMAP_THRESHOLD_MIB fixes glibc's mmap threshold (tierserve.host.memory): ~100 MiB
     less peak RSS, at ~25% of prefill speed on this VM's page faults (docs/performance.md), so
     it is opt-in."""
     raw = os.environ.get("TIERSERVE_MMAP_THRESHOLD_MIB", "").strip()
@@ -188,7 +195,7 @@ def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | 
         log.warning("single-tenant mode: no tenants file and no API key; anyone may use any tier")
     else:
         log.info("auth mode: %s (%d tenants)", mode, len(state.tenants.tenants))
-    config = uvicorn_config(create_app(state), settings)
+    config = uvicorn_config(build_app(state), settings)
     # After its graceful shutdown uvicorn re-raises the signal under the handler installed
     # before it: make that a no-op, so that the exit status is the one returned here.
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from fastapi import Depends, FastAPI
 from fastapi import Request as HTTPRequest
@@ -14,7 +16,7 @@ from starlette.exceptions import HTTPException
 
 from tierserve.api import chat_routes, completion_routes, tokenizer_routes
 from tierserve.api.auth import authenticated
-from tierserve.api.errors import APIError, error_response, retry_after_header
+from tierserve.api.errors import APIError, error_response, retry_after_header, validation_message
 from tierserve.api.middleware import BodySizeLimit, InternalErrors
 from tierserve.api.openapi import (
     AUTH_RESPONSES,
@@ -24,28 +26,8 @@ from tierserve.api.openapi import (
     install_openapi,
 )
 from tierserve.api.state import ServerState
-from tierserve.batch.routes import mount_batch
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errs = exc.errors()
-    if not errs:
-        return "invalid request", None
-    e = errs[0]
-    if e.get("type") == "json_invalid":
-        return f"malformed JSON body: {e.get('ctx', {}).get('error', e.get('msg'))}", None
-    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
-    field = ".".join(loc) or None
-    msg = e.get("msg", "invalid value").removeprefix("Value error, ")
-    if e.get("type") == "missing":
-        return f"missing required field '{field}'", field
-    if e.get("type") == "extra_forbidden":
-        return f"unknown field '{field}': not part of this API (see docs/api.md)", field
-    if field is None:
-        return f"invalid request: {msg}", None
-    return f"invalid value for '{field}': {msg}", field
 
 
 def _http_error(req: HTTPRequest, exc: HTTPException) -> APIError:
@@ -71,18 +53,33 @@ def _http_error(req: HTTPRequest, exc: HTTPException) -> APIError:
     )
 
 
-def create_app(state: ServerState) -> FastAPI:
+class Service(Protocol):
+    """A part the server mounts beside the core routes (the Batch API): started and stopped
+    with the app; `upload_limits` raises the body limit on its upload paths."""
+
+    upload_limits: dict[str, int]
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+# Adds its routes to the app and returns its service, or None where the settings leave it off.
+Mount = Callable[[FastAPI, ServerState], Service | None]
+
+
+def create_app(state: ServerState, mounts: Sequence[Mount] = ()) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if not state.engine.is_alive():
             state.engine.start()
-        if batch is not None:  # the Batch API's feeder resumes unfinished batches
-            await batch.start()
+        for svc in services:  # the Batch API's feeder resumes unfinished batches
+            await svc.start()
         yield
         # uvicorn has already waited for (or cut) the open requests: see api/drain.py.
         state.draining = True
-        if batch is not None:
-            await batch.stop()
+        for svc in reversed(services):
+            await svc.stop()
         state.engine.shutdown()
 
     app = FastAPI(title="tierserve", lifespan=lifespan)
@@ -90,7 +87,7 @@ def create_app(state: ServerState) -> FastAPI:
     for module in (chat_routes, completion_routes, tokenizer_routes):
         app.include_router(module.router)
     app.include_router(tokenizer_routes.open_router)
-    batch = mount_batch(app, state)  # /v1/files, /v1/batches when --batch-db is set
+    services = [s for s in (mount(app, state) for mount in mounts) if s is not None]
 
     @app.exception_handler(APIError)
     async def _api_error(_req: HTTPRequest, exc: APIError):
@@ -98,7 +95,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: HTTPRequest, exc: RequestValidationError):
-        msg, field = _validation_message(exc)
+        msg, field = validation_message(exc)
         return error_response(APIError(400, msg, param=field))
 
     @app.exception_handler(HTTPException)
@@ -149,7 +146,7 @@ def create_app(state: ServerState) -> FastAPI:
         ]
         return {"object": "list", "data": data}
 
-    uploads = {"/v1/files": batch.cfg.max_file_bytes + (1 << 20)} if batch else None
+    uploads = {path: n for svc in services for path, n in svc.upload_limits.items()} or None
     app.add_middleware(BodySizeLimit, limit=state.settings.max_request_bytes, paths=uploads)
     app.add_middleware(InternalErrors)  # outermost of ours: sees what every layer inside raised
     install_openapi(

@@ -10,6 +10,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from tierserve.api.auth import authenticated
+from tierserve.api.caller import Caller
 from tierserve.api.chat_protocol import ChatCompletionRequest
 from tierserve.api.errors import APIError
 from tierserve.api.generation import (
@@ -115,6 +116,11 @@ def _streamer(state: ServerState, body: ChatCompletionRequest, tools: list[str])
 @router.post("/v1/chat/completions", responses=COMPLETION_RESPONSES)
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     state = server_state(http)
+    return await chat_answer(state, body, Caller.from_http(state, http))
+
+
+async def chat_answer(state: ServerState, body: ChatCompletionRequest, caller: Caller):
+    """A chat completion for `caller`: an HTTP request, or a Batch API line."""
     refuse_unsupported(body, "chat")
     template = state.chat.template
     grammar = chat_grammar(body, template.source if template else None)
@@ -124,7 +130,7 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
             400, "the chat template renders these messages as no tokens", param="messages"
         )
     limit = body.max_completion_tokens or body.max_tokens
-    prep = prepare(state, http, body, [prompt_ids], limit, "chatcmpl", grammar=grammar)
+    prep = prepare(state, caller, body, [prompt_ids], limit, "chatcmpl", grammar=grammar)
     if isinstance(prep, JSONResponse):
         return prep
     base = response_base(state, prep, body.model)
@@ -133,7 +139,7 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
         chunk = {**base, "object": "chat.completion.chunk"}
         return stream(state, prep, chunk, body, len(prompt_ids), _streamer(state, body, tools))
     out = []
-    choices = await collect(state, http, prep)
+    choices = await collect(state, caller, prep)
     for i, c in enumerate(choices):
         content, calls = parse_tool_calls(c.text, tools) if tools else (c.text, [])
         message: dict = {"role": "assistant", "content": content}

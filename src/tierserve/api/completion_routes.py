@@ -8,6 +8,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from tierserve.api.auth import authenticated
+from tierserve.api.caller import Caller
 from tierserve.api.errors import APIError
 from tierserve.api.generation import (
     collect,
@@ -44,6 +45,11 @@ def _prompt_ids(state: ServerState, prompt: str | list[int], i: int, many: bool)
 @router.post("/v1/completions", responses=COMPLETION_RESPONSES)
 async def completions(body: CompletionRequest, http: HTTPRequest):
     state = server_state(http)
+    return await completion_answer(state, body, Caller.from_http(state, http))
+
+
+async def completion_answer(state: ServerState, body: CompletionRequest, caller: Caller):
+    """A completion for `caller`: an HTTP request, or a Batch API line."""
     refuse_unsupported(body, "completions")
     texts = body.prompts()
     many = len(texts) > 1
@@ -51,7 +57,7 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
         if isinstance(p, str):
             state.bounds.check_chars(len(p), f"prompt {i}" if many else "the prompt", "prompt")
     prompts = await off_loop(lambda: [_prompt_ids(state, p, i, many) for i, p in enumerate(texts)])
-    prep = prepare(state, http, body, prompts, body.max_tokens, "cmpl", param="prompt")
+    prep = prepare(state, caller, body, prompts, body.max_tokens, "cmpl", param="prompt")
     if isinstance(prep, JSONResponse):
         return prep
     base = {**response_base(state, prep, body.model), "object": "text_completion"}
@@ -87,7 +93,7 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
             }
 
         return stream(state, prep, base, body, n_prompt, text_choice)
-    choices = await collect(state, http, prep)
+    choices = await collect(state, caller, prep)
     out = []
     for i, c in enumerate(choices):
         echo = echoes[i // n]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from tierserve.admission import Decision
@@ -85,3 +86,23 @@ def admission_response(d: Decision) -> JSONResponse:
     }
     headers = {"Retry-After": retry_after_header(d.retry_after_s)}
     return JSONResponse(body, status_code=d.status, headers=headers)
+
+
+def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """A request body's first validation error as (message, field), worded for the client."""
+    errs = exc.errors()
+    if not errs:
+        return "invalid request", None
+    e = errs[0]
+    if e.get("type") == "json_invalid":
+        return f"malformed JSON body: {e.get('ctx', {}).get('error', e.get('msg'))}", None
+    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    field = ".".join(loc) or None
+    msg = e.get("msg", "invalid value").removeprefix("Value error, ")
+    if e.get("type") == "missing":
+        return f"missing required field '{field}'", field
+    if e.get("type") == "extra_forbidden":
+        return f"unknown field '{field}': not part of this API (see docs/api.md)", field
+    if field is None:
+        return f"invalid request: {msg}", None
+    return f"invalid value for '{field}': {msg}", field

@@ -22,6 +22,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from tierserve.api.caller import Caller
 from tierserve.api.errors import ENGINE_ERRORS, APIError, engine_error
 from tierserve.api.state import Prepared, ServerState
 from tierserve.api.tenancy import SERVED_TIER
@@ -106,7 +107,7 @@ class Choice:
         self.num_draft_tokens = self.num_accepted_tokens = 0
 
 
-async def collect(state: ServerState, http: HTTPRequest, prep: Prepared) -> list[Choice]:
+async def collect(state: ServerState, caller: Caller, prep: Prepared) -> list[Choice]:
     """Run a non-streamed request to the end, aborting it if the client disconnects."""
     choices = [Choice() for _ in prep.requests]
 
@@ -133,7 +134,7 @@ async def collect(state: ServerState, http: HTTPRequest, prep: Prepared) -> list
         task = asyncio.create_task(run())
         while not task.done():
             await asyncio.wait({task}, timeout=0.5)
-            if not task.done() and await http.is_disconnected():
+            if not task.done() and await caller.disconnected():
                 task.cancel()
                 raise APIError(499, "client disconnected")
         await task

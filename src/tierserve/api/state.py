@@ -8,12 +8,11 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 
-from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from tierserve.admission import AdmissionController
 from tierserve.admission.ttft import SLA_DEMOTED
-from tierserve.api.auth import request_tenant
+from tierserve.api.caller import Caller
 from tierserve.api.errors import APIError, admission_response
 from tierserve.api.prompts import PromptBounds
 from tierserve.api.protocol import Common
@@ -146,7 +145,7 @@ def _max_tokens(state: ServerState, prompts, max_tokens: int | None, param: str)
 
 def prepare(
     state: ServerState,
-    http: HTTPRequest,
+    caller: Caller,
     body: Common,
     prompts: list[list[int]],
     max_tokens: int | None,
@@ -159,9 +158,9 @@ def prepare(
     if state.draining:  # 503 with Retry-After: another replica, or this one after a restart
         raise APIError(503, "the server is shutting down", "resource_exhausted")
     check_model(state, body.model)
-    tenant = request_tenant(state, http)
+    tenant = caller.tenant
     try:
-        res = state.tenants.resolve(tenant, http.headers.get("x-request-tier"), body.priority)
+        res = state.tenants.resolve(tenant, caller.tier, body.priority)
     except BadPriority as exc:
         raise APIError(
             400,

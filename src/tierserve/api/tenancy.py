@@ -33,7 +33,6 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field
 
-from tierserve.batch.config import TenantBatchLimits
 from tierserve.config import BucketConfig
 from tierserve.config_file import ConfigFileError, FileModel, read_yaml, validate_file
 from tierserve.priority import Priority, parse_priority
@@ -69,6 +68,15 @@ Tier = Annotated[Priority, BeforeValidator(parse_priority)]
 class RateLimitSpec(FileModel):
     tokens_per_s: Annotated[float, Field(gt=0)]
     burst: Annotated[float, Field(gt=0)]
+
+
+@dataclass(frozen=True)
+class TenantBatchLimits:
+    """What one tenant may hold: estimated tokens of its unfinished batches, files, bytes."""
+
+    max_queued_tokens: int = 50_000_000
+    max_files: int = 1_000
+    max_bytes: int = 10 << 30
 
 
 class BatchLimitsSpec(FileModel):

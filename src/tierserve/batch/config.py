@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from tierserve.api.tenancy import TenantBatchLimits
 from tierserve.priority import Priority
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
@@ -24,15 +25,6 @@ def parse_window(text: str) -> float:
     if seconds > MAX_WINDOW_S:
         raise ValueError(f"completion_window {text!r} is longer than 7 days")
     return float(seconds)
-
-
-@dataclass(frozen=True)
-class TenantBatchLimits:
-    """What one tenant may hold: estimated tokens of its unfinished batches, files, bytes."""
-
-    max_queued_tokens: int = 50_000_000
-    max_files: int = 1_000
-    max_bytes: int = 10 << 30
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """One batch line through the same handlers as an HTTP request.
 
 The line's body is validated by the route's own request model, then handed to the route's own
-handler (`chat_routes.chat_completions`, `completion_routes.completions`), which runs the
-`api/state.py` prepare/admit path and reads the answer from `ServerState.engine`, whether that
-is the local AsyncEngine or a cluster's RemoteEngine. The request the handler sees carries the
-batch's tenant and class (`x-request-tier`), and says "client disconnected" once the line is
-cancelled, so the handler aborts it in the engine and frees its KV blocks, as for a client
-that went away. The answer is the HTTP answer: a status and a JSON body.
+handler (`chat_routes.chat_answer`, `completion_routes.completion_answer`) by a typed call: its
+`Caller` (api/caller.py) carries the batch's tenant and class, and says "gone" once the line is
+cancelled, so the handler aborts it in the engine and frees its KV blocks, as for a client that
+went away. The handler runs the `api/state.py` prepare/admit path and reads the answer from
+`ServerState.engine`, whether that is the local AsyncEngine or a cluster's RemoteEngine. The
+answer is the HTTP answer: a status and a JSON body.
 """
 
 from __future__ import annotations
@@ -15,16 +15,15 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from starlette.requests import Request as HTTPRequest
 
 from tierserve.api import chat_routes, completion_routes
+from tierserve.api.caller import Caller
 from tierserve.api.chat_protocol import ChatCompletionRequest
-from tierserve.api.errors import APIError, error_response
+from tierserve.api.errors import APIError, error_response, validation_message
 from tierserve.api.protocol import CompletionRequest
 from tierserve.api.state import ServerState
 from tierserve.api.tenancy import Tenant
@@ -33,8 +32,8 @@ from tierserve.priority import Priority
 log = logging.getLogger("tierserve.batch")
 
 ROUTES = {
-    "/v1/chat/completions": (ChatCompletionRequest, chat_routes.chat_completions),
-    "/v1/completions": (CompletionRequest, completion_routes.completions),
+    "/v1/chat/completions": (ChatCompletionRequest, chat_routes.chat_answer),
+    "/v1/completions": (CompletionRequest, completion_routes.completion_answer),
 }
 CANCELLED = 499  # as the handlers answer a request whose client went away
 
@@ -57,33 +56,8 @@ class Answer:
 
 def _invalid(exc: ValidationError) -> APIError:
     """A 400 worded as the HTTP route words it."""
-    from tierserve.api.app import _validation_message as http_message
-
-    msg, field = http_message(RequestValidationError(exc.errors()))
+    msg, field = validation_message(RequestValidationError(exc.errors()))
     return APIError(400, msg, param=field)
-
-
-def _request(state: ServerState, tenant: Tenant, url: str, tier: Priority, cancelled):
-    async def receive():
-        if cancelled.is_set():
-            return {"type": "http.disconnect"}
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": url,
-        "raw_path": url.encode(),
-        "query_string": b"",
-        "headers": [(b"x-request-tier", tier.label.lower().encode())],
-        "app": SimpleNamespace(state=SimpleNamespace(tierserve=state)),
-        "state": {"tenant": tenant},
-        "client": None,
-        "server": None,
-        "scheme": "http",
-        "root_path": "",
-    }
-    return HTTPRequest(scope, receive)
 
 
 def _answer(resp) -> Answer:
@@ -113,7 +87,13 @@ async def dispatch(
             ms = max(1.0, 1000 * deadline_in_s)
             if req.sla_latency_ms is None or req.sla_latency_ms > ms:
                 req = req.model_copy(update={"sla_latency_ms": ms})
-        resp = await handler(req, _request(state, tenant, url, tier, cancelled))
+        gone = cancelled
+
+        async def disconnected() -> bool:
+            return gone.is_set()
+
+        caller = Caller(tenant, tier.label.lower(), disconnected)
+        resp = await handler(state, req, caller)
     except ValidationError as exc:
         resp = error_response(_invalid(exc))
     except APIError as exc:

@@ -18,7 +18,7 @@ from tierserve.api.protocol import BODY
 from tierserve.batch import objects as O
 from tierserve.batch.config import BatchConfig
 from tierserve.batch.service import BatchService
-from tierserve.paths import cache_dir
+from tierserve.host.paths import cache_dir
 
 router = APIRouter(dependencies=[Depends(authenticated)])
 FORM_FIELDS = {"file", "purpose"}

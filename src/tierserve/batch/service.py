@@ -64,6 +64,12 @@ class BatchService:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kw))
 
+    @property
+    def upload_limits(self) -> dict[str, int]:
+        """A file upload may exceed the request body limit: up to the file limit, plus room
+        for the multipart envelope."""
+        return {"/v1/files": self.cfg.max_file_bytes + (1 << 20)}
+
     async def start(self) -> None:
         self._task = asyncio.create_task(self.feeder.run())
 

@@ -41,7 +41,7 @@ from tierserve.engine.core import StepStats
 from tierserve.engine.events import Added, EngineEvent, ErrorKind, Finished, FirstToken, StreamDelta
 from tierserve.engine.load import LateRequestCheck
 from tierserve.engine.snapshot import EngineSnapshot
-from tierserve.memory import freeze_heap
+from tierserve.host.memory import freeze_heap
 from tierserve.metrics import Metrics
 from tierserve.metrics.recorder import DEFAULT_MODEL_NAME
 from tierserve.routing import ReplicaStats, replica_stats

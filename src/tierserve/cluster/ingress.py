@@ -27,7 +27,6 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from tokenizers import Tokenizer
 
 from tierserve.admission import AdmissionController
-from tierserve.api.app import create_app
 from tierserve.api.settings import ServerSettings
 from tierserve.api.state import ServerState
 from tierserve.chat.prompt import ChatPrompter
@@ -41,7 +40,7 @@ from tierserve.config import AdmissionConfig, BucketConfig
 from tierserve.core.limits import RequestLimits
 from tierserve.engine.args import EngineArgs
 from tierserve.model.tokenizer import ChatTokenizer
-from tierserve.server import tenant_registry
+from tierserve.server import build_app, tenant_registry
 
 log = logging.getLogger("tierserve.cluster")
 
@@ -145,7 +144,7 @@ class Ingress:
         return 0 if queue is None else queue.depth(priority)
 
     def __serve_build_asgi_app__(self):
-        app = create_app(self.state)
+        app = build_app(self.state)
         # Serve's proxy sets x-request-id (its own id) on every response: ours would be a
         # second one. The body's `id` stays tierserve's.
         app.add_middleware(DropResponseHeader, name=b"x-request-id")

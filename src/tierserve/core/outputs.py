@@ -12,19 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tierserve.logprobs import PromptLogprobs, TopLogprobs
 from tierserve.sampling_params import SamplingParams
-
-# (token ids, logprobs) of one position's most likely tokens, most likely first.
-TopLogprobs = tuple[tuple[int, ...], tuple[float, ...]]
-
-
-@dataclass
-class PromptLogprobs:
-    """Logprobs of prompt tokens `start`, `start + 1`, ... (token 0 has none), from one chunk."""
-
-    start: int
-    logprobs: list[float]
-    top: list[TopLogprobs] | None = None  # with prompt_logprobs > 0
 
 
 @dataclass

@@ -36,8 +36,8 @@ from tierserve.core.predict import LengthPredictor
 from tierserve.core.predictive import Predictive
 from tierserve.core.preemption import PreemptionCosts, PreemptionCounts
 from tierserve.core.queue_counts import QueueCounts
-from tierserve.core.spec import Speculation
-from tierserve.core.spec.planning import plan_drafts
+from tierserve.core.speculation import Speculation
+from tierserve.core.speculation.planning import plan_drafts
 from tierserve.core.stats import Preemption, SchedulerStats, scheduler_stats
 from tierserve.core.step_state import StepPlan, wants_prompt_logprobs
 from tierserve.core.step_time import (

@@ -14,7 +14,7 @@ from tierserve.config import (
     PriorityConfig,
     SchedulerConfig,
 )
-from tierserve.core.spec.config import SpecConfig, with_draft_model
+from tierserve.core.speculation.config import SpecConfig, with_draft_model
 from tierserve.model.config import QUANTIZATIONS
 
 PREDICTIVE_USES = ("order", "reserve", "ttft", "routing")
@@ -93,8 +93,8 @@ class EngineArgs:
     priorities: PriorityConfig = field(default_factory=PriorityConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     measure_costs: bool = True
-    # Speculative decoding (core/spec): None (off), or which drafter and how far; the scheduler
-    # decides per class and per step whether drafts pay (docs/scheduling.md).
+    # Speculative decoding (core/speculation): None (off), or which drafter and how far; the
+    # scheduler decides per class and per step whether drafts pay (docs/scheduling.md).
     speculative_config: SpecConfig | None = None
     # `--speculative-model PATH`: a draft model (GGUF file or HF folder) as the drafter; merged
     # into `speculative_config` (method "draft_model") when the args are built.

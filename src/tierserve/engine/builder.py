@@ -12,7 +12,7 @@ from tierserve.clock import Clock, WallClock
 from tierserve.config import CacheConfig, SchedulerConfig
 from tierserve.core.predict import LengthPredictor
 from tierserve.core.predict.store import load_state, save_state
-from tierserve.core.spec import Speculation
+from tierserve.core.speculation import Speculation
 from tierserve.engine.args import (
     KV_CACHE_DTYPES,
     PREDICTIVE_ORDER_S,

@@ -32,7 +32,7 @@ from tierserve.core.kv import KVCacheManager
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.predict import LengthPredictor
 from tierserve.core.scheduler import Scheduler
-from tierserve.core.spec import SpecStepStats, Speculation
+from tierserve.core.speculation import SpecStepStats, Speculation
 from tierserve.core.stats import Preemption, SchedulerStats
 from tierserve.executor.base import Executor
 from tierserve.policies import create_policy

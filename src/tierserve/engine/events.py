@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from tierserve.core.outputs import TopLogprobs
+from tierserve.logprobs import TopLogprobs
 from tierserve.priority import Priority
 from tierserve.request import Request
 

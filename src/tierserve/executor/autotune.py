@@ -35,10 +35,10 @@ import time
 
 import torch
 
+from tierserve.host.machine import describe, machine_fingerprint
+from tierserve.host.paths import cache_dir
 from tierserve.model.plan import NEVER, StepPlan
-from tierserve.paths import cache_dir
 from tierserve.sampling_params import SamplingParams
-from tierserve.sim.machine import describe, machine_fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tierserve.core.spec import DRAFT_PENDING
+from tierserve.core.speculation import DRAFT_PENDING
 from tierserve.executor.batch import forward_step
 from tierserve.executor.block_table import BlockTables
 from tierserve.model.base import CausalLM

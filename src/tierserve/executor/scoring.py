@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import torch
 
-from tierserve.core.outputs import PromptLogprobs
 from tierserve.executor.batch import Batch
+from tierserve.logprobs import PromptLogprobs
 from tierserve.model.logprobs import score_positions
 
 

@@ -25,8 +25,14 @@ text before EOS, so every request has a first token to time).
 from __future__ import annotations
 
 from tierserve.loadgen.workload import RequestSpec
-from tierserve.sim.heavy_tail import SYSTEM_TOKENS, TEMPLATES, HeavyTailWorkload, Template, scaled
-from tierserve.sim.workload import WorkloadConfig
+from tierserve.workloads.heavy_tail import (
+    SYSTEM_TOKENS,
+    TEMPLATES,
+    HeavyTailWorkload,
+    Template,
+    scaled,
+)
+from tierserve.workloads.synthetic import WorkloadConfig
 
 PRESET_SCALE = {"sim": 1.0, "cpu": 0.1}
 MIN_SYSTEM_TOKENS = 40  # > the predictor's 32 template tokens, with the chat template's head

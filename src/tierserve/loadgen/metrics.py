@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from itertools import pairwise
 
 from tierserve.loadgen.client import RequestRecord
-from tierserve.sim.stats import percentile
+from tierserve.sim.engine.stats import percentile
 
 CLASSES = ("P0", "P1", "P2", "P3")
 Window = tuple[float, float]

@@ -18,7 +18,7 @@ from tierserve.loadgen.workload import (
     load_conversations,
 )
 from tierserve.priority import Priority, parse_priority
-from tierserve.sim.workload import WorkloadConfig
+from tierserve.workloads.synthetic import WorkloadConfig
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tierserve.loadgen.client import RequestRecord
 from tierserve.loadgen.metrics import run_stats
 from tierserve.loadgen.runner import Control, Level, LevelResult, SendFn
-from tierserve.sim.stats import percentile
+from tierserve.sim.engine.stats import percentile
 
 
 @dataclass(frozen=True)

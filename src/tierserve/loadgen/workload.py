@@ -15,8 +15,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tierserve.priority import Priority, parse_priority
-from tierserve.sim.fidelity import CPU_CLASSES
-from tierserve.sim.workload import DEFAULT_CLASSES, ClassSpec, LengthDist, Workload, WorkloadConfig
+from tierserve.workloads.synthetic import (
+    CPU_CLASSES,
+    DEFAULT_CLASSES,
+    ClassSpec,
+    LengthDist,
+    Workload,
+    WorkloadConfig,
+)
 
 LENGTH_PRESETS = {"sim": DEFAULT_CLASSES, "cpu": CPU_CLASSES}
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from prometheus_client import generate_latest
 
 from tierserve.config import PriorityConfig
-from tierserve.core.spec import SpecStepStats
+from tierserve.core.speculation import SpecStepStats
 from tierserve.engine.core import StepStats
 from tierserve.engine.events import (
     EndedLate,

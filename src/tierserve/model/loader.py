@@ -25,10 +25,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from tierserve.host.paths import cache_dir
 from tierserve.model.config import ModelConfig
 from tierserve.model.quant import QuantTensor, dequantize
 from tierserve.model.tokenizer import ChatTokenizer
-from tierserve.paths import cache_dir
 
 log = logging.getLogger("tierserve.model")
 

@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tierserve.logprobs import TopLogprobs
+
 if TYPE_CHECKING:
     from tierserve.model.sampler import SampleRow
 
 CHUNK_ROWS = 256
-
-# (token ids, logprobs) of a position's most likely tokens, most likely first.
-TopLogprobs = tuple[tuple[int, ...], tuple[float, ...]]
 
 
 def top_logprobs(

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tierserve.model.logprobs import TopLogprobs, top_logprobs
+from tierserve.logprobs import TopLogprobs
+from tierserve.model.logprobs import top_logprobs
 from tierserve.model.penalties import TokenCounts
 from tierserve.model.processors import apply_token_bitmask, needs_processing, process_logits
 from tierserve.sampling_params import SamplingParams

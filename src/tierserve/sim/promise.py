@@ -26,10 +26,10 @@ from tierserve.engine.core import EngineCore
 from tierserve.priority import Priority
 from tierserve.request import Request
 from tierserve.sampling_params import SamplingParams
-from tierserve.sim.cost_clock import CostClockExecutor
-from tierserve.sim.runner import SimConfig, run_simulation
+from tierserve.sim.engine.cost_clock import CostClockExecutor
+from tierserve.sim.engine.runner import SimConfig, run_simulation
 from tierserve.sim.scenarios import with_sla_admission
-from tierserve.sim.workload import (
+from tierserve.workloads.synthetic import (
     DEFAULT_CLASSES,
     ClassSpec,
     LengthDist,

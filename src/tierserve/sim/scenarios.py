@@ -11,11 +11,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 
 from tierserve.routing import ROUTER_NAMES
-from tierserve.sim.fleet import FleetConfig, run_fleet
-from tierserve.sim.fleet_ingress_report import AUTOSCALE_LABEL, FIXED_LABEL
-from tierserve.sim.fleet_scale import AutoscaleConfig
-from tierserve.sim.runner import SimConfig, run_simulation
-from tierserve.sim.workload import WorkloadConfig
+from tierserve.sim.engine.runner import SimConfig, run_simulation
+from tierserve.sim.fleet.model import FleetConfig, run_fleet
+from tierserve.sim.fleet.scale import AutoscaleConfig
+from tierserve.sim.report.fleet_ingress import AUTOSCALE_LABEL, FIXED_LABEL
+from tierserve.workloads.synthetic import WorkloadConfig
 
 SEED_POLICIES = ("fcfs", "drr", "hybrid")
 HEARTBEAT_S = 15.0  # off a terminal: a progress line at least this often

@@ -1,7 +1,7 @@
 """The predictor's state on disk: one JSON file under the cache dir, written atomically.
 
 ``$TIERSERVE_CACHE_DIR/predictor/lengths.json`` by default (the cache dir as the autotune cache
-and the simulator's profiles find it, tierserve/paths.py); ``$TIERSERVE_PREDICTOR_STATE`` names
+and the simulator's profiles find it, tierserve/host/paths.py); ``$TIERSERVE_PREDICTOR_STATE`` names
 another file (a benchmark gives each server its own, so no run starts from another's learning).
 A missing file is a cold start; a corrupt or foreign one is ignored with a warning (logged, and
 returned), never a crash.
@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from tierserve.core.predict.predictor import LengthPredictor
-from tierserve.paths import cache_dir
+from tierserve.host.paths import cache_dir
 
 log = logging.getLogger(__name__)
 

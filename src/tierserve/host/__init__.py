@@ -1,0 +1,1 @@
+"""Host settings: CPU threads, memory, paths and the machine fingerprint."""

@@ -1,0 +1,1 @@
+"""Calibration: machine profiles, fitting them, and checking the simulator against the engine."""

@@ -1,0 +1,1 @@
+"""The fleet simulator: replicas, the ingress queue and autoscaling."""

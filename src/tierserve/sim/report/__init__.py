@@ -1,0 +1,1 @@
+"""Report writers: tables and plots of simulated runs."""

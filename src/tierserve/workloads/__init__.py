@@ -1,0 +1,1 @@
+"""Workloads shared by the simulator and the load generator: classes, lengths, arrivals."""
