@@ -27,7 +27,9 @@ class _Tty(io.StringIO):
 def test_off_a_terminal_each_run_and_a_heartbeat_print_a_line():
     out = io.StringIO()
     bar = Progress(2, out, heartbeat_s=0.05)
-    time.sleep(0.2)  # a long first run: heartbeats meanwhile
+    deadline = time.monotonic() + 10  # a long first run: heartbeats meanwhile (a busy CI
+    while out.getvalue().count("still running") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # machine may schedule the heartbeat thread late)
     bar.step("hybrid x 32")
     bar.step("fcfs x 32")
     lines = out.getvalue().splitlines()

@@ -11,10 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from tierserve.priority import NUM_PRIORITIES, Priority
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field and the reason."""
+from tierserve.setting import ConfigError, check_settings, fraction_or_none, setting
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -212,22 +209,45 @@ class SchedulerConfig:
     # P0 cut-in (core/cut_in.py): a P0 request that arrives while a step runs gets a step of its
     # own between two of that step's decoder layers, instead of waiting for its end. Counted
     # with the express steps (same share of the engine's time); needs an executor with layers.
-    p0_cut_in: bool = True
+    p0_cut_in: bool = setting(
+        True,
+        "on: a P0 arriving while a step runs gets a step of its own between two of that "
+        "step's layers (default) | off: it waits for the step's end",
+    )
     # A step's prefill is sized so that the step is predicted to end within this fraction of
     # P0's TTFT SLA (a P0 arriving meanwhile waits for it); None: sized by tokens only. Only
     # under a policy that serves P0 first (core/step_time.py).
-    step_time_fraction: float | None = 0.4
+    step_time_fraction: float | None = setting(
+        0.4,
+        "size each step's prefill to end within this fraction of P0's TTFT SLA; none: by "
+        "tokens only",
+        fraction_or_none(10),
+        "lie in (0, 10] (of P0's TTFT SLA) or be None",
+    )
     # The same bound, tighter, while a P0 arrived within the last `p0_recent_s`: a P0 arriving
     # mid-step waits for the step in flight and then prefills in its own (express) step, so the
     # in-flight step's bound plus its own prompt must fit its SLA. None: no tighter bound.
-    p0_step_time_fraction: float | None = 0.3
+    p0_step_time_fraction: float | None = setting(
+        0.3,
+        "the same bound while a P0 arrived in the last 10 s (it waits for the step in flight, "
+        "then prefills in its own); none: no tighter bound",
+        fraction_or_none(10),
+        "lie in (0, 10] (of P0's TTFT SLA) or be None",
+    )
     # Calm steps (core/calm.py): while a P0 arrived within the last `p0_recent_s`, P2/P3
     # decodes are paced so that a step's decodes fit `p0_calm_fraction` x P0's TTFT SLA
-    # (None: off).
     # (None: off, the default: it costs background throughput, docs/scheduling.md)
-    p0_calm_fraction: float | None = None
+    p0_calm_fraction: float | None = setting(
+        None,
+        "while P0 traffic is about, pace P2/P3 decodes so a step's decodes fit this fraction of "
+        "P0's TTFT SLA (e.g. 0.1; costs background throughput); none: off (default)",
+        fraction_or_none(1),
+        "lie in (0, 1] (of P0's TTFT SLA) or be None",
+    )
     # The same pacing for Batch API lines only (on by default: a batch steps aside for P0).
-    batch_calm_fraction: float | None = 0.1
+    batch_calm_fraction: float | None = setting(
+        0.1, "", fraction_or_none(1), "lie in (0, 1] (of P0's TTFT SLA) or be None"
+    )
     p0_recent_s: float = 10.0
     # Predictive scheduling (core/predictive.py; off by default, see docs/scheduling.md):
     # shortest predicted output first inside a class, no request passed by one arriving more
@@ -267,26 +287,7 @@ class SchedulerConfig:
             isinstance(self.predictive_order_s, int | float) and self.predictive_order_s >= 0,
             f"predictive_order_s must be >= 0 seconds (0: off), got {self.predictive_order_s!r}",
         )
-        f = self.step_time_fraction
-        _check(
-            f is None or (isinstance(f, int | float) and 0 < f <= 10),
-            f"step_time_fraction must lie in (0, 10] (of P0's TTFT SLA) or be None, got {f!r}",
-        )
-        p = self.p0_step_time_fraction
-        _check(
-            p is None or (isinstance(p, int | float) and 0 < p <= 10),
-            f"p0_step_time_fraction must lie in (0, 10] (of P0's TTFT SLA) or be None, got {p!r}",
-        )
-        c = self.p0_calm_fraction
-        _check(
-            c is None or (isinstance(c, int | float) and 0 < c <= 1),
-            f"p0_calm_fraction must lie in (0, 1] (of P0's TTFT SLA) or be None, got {c!r}",
-        )
-        b = self.batch_calm_fraction
-        _check(
-            b is None or (isinstance(b, int | float) and 0 < b <= 1),
-            f"batch_calm_fraction must lie in (0, 1] (of P0's TTFT SLA) or be None, got {b!r}",
-        )
+        check_settings(self)
         _check(self.p0_recent_s > 0, f"p0_recent_s must be positive, got {self.p0_recent_s}")
 
 

@@ -11,10 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tierserve.config import SchedulerConfig
 from tierserve.core.speculation.config import parse_speculative_config
 from tierserve.engine.args import parse_predictive
 from tierserve.host.threads import parse_threads
 from tierserve.priority import parse_priority
+from tierserve.setting import declared
 
 
 def size(text: str) -> int | float:
@@ -71,6 +73,16 @@ def _none_word(value):
 
 def _priorities(names) -> tuple:
     return tuple(parse_priority(n) for n in names)
+
+
+def _scheduler(flag: str, type: Callable, to_field: Callable | None = None) -> Option:
+    """A scheduler setting's flag: its help, default and check are declared once, on its
+    SchedulerConfig field (config.py); the engine's record carries it under the same name."""
+    key = flag[2:].replace("-", "_")
+    default, s = declared(SchedulerConfig, key)
+    shown = {True: "on", False: "off", None: "none"}.get(default, default)
+    text = s.help if "(default" in s.help else f"{s.help} ({shown})"
+    return Option(flag, E + key, type, None, text, to_field=to_field)
 
 
 def _switch(flag: str, dest: str, text: str, negate: bool = True) -> Option:
@@ -272,34 +284,16 @@ OPTIONS: tuple[Option, ...] = (
         "step built for a waiting P0: exclusive | decode | off "
         "(default: exclusive on cpu, decode on cuda)"
     ),
-    Option(
-        "--p0-cut-in", E + "p0_cut_in", on_off, None,
-        "on: a P0 arriving while a step runs gets a step of its own between two of that "
-        "step's layers (default) | off: it waits for the step's end",
-        to_field=bool,
-    ),
-    Option(
-        "--step-time-fraction", E + "step_time_fraction", float_or_none, None,
-        "size each step's prefill to end within this fraction of P0's TTFT SLA; none: by "
-        "tokens only (0.4)", to_field=_none_word
-    ),
-    Option(
-        "--p0-step-time-fraction", E + "p0_step_time_fraction", float_or_none, None,
-        "the same bound while a P0 arrived in the last 10 s (it waits for the step in flight, "
-        "then prefills in its own); none: no tighter bound (0.3)", to_field=_none_word
-    ),
+    _scheduler("--p0-cut-in", on_off, to_field=bool),
+    _scheduler("--step-time-fraction", float_or_none, to_field=_none_word),
+    _scheduler("--p0-step-time-fraction", float_or_none, to_field=_none_word),
     Option(
         "--predictive", E + "predictive", str, "+",
         "uses of the output-length predictor: off (default) | all | any of order (shortest "
         "predicted first in a class, 5 s aging bound), reserve, ttft, routing (the cluster "
         "ranks replicas by predicted KV)", to_field=parse_predictive,
     ),
-    Option(
-        "--p0-calm-fraction", E + "p0_calm_fraction", float_or_none, None,
-        "while P0 traffic is about, pace P2/P3 decodes so a step's decodes fit this fraction of "
-        "P0's TTFT SLA (e.g. 0.1; costs background throughput); none: off (default)",
-        to_field=_none_word,
-    ),
+    _scheduler("--p0-calm-fraction", float_or_none, to_field=_none_word),
     Option(
         "--prefix-retention", E + "prefix_retention", float, 4,
         "pools of later allocations a cached block of P0..P3 outlives beyond LRU; 0 0 0 0: "

@@ -32,6 +32,7 @@ from tierserve.model.config import ModelConfig
 from tierserve.model.loader import load_model
 from tierserve.model.registry import build_model
 from tierserve.model.tokenizer import ChatTokenizer
+from tierserve.setting import carried
 
 log = logging.getLogger("tierserve.engine")
 
@@ -176,16 +177,13 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             prefix_retention=args.prefix_retention,
         ),
         SchedulerConfig(
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=resolved.max_num_batched_tokens,
-            max_model_len=max_len,
-            preemption_mode=args.preemption_mode,
-            swap_cost_ratio=args.swap_cost_ratio,
-            p0_express=resolved.p0_express,
-            step_time_fraction=args.step_time_fraction,
-            p0_step_time_fraction=args.p0_step_time_fraction,
-            p0_calm_fraction=args.p0_calm_fraction,
-            p0_cut_in=args.p0_cut_in,
+            **carried(
+                SchedulerConfig,
+                args,
+                max_num_batched_tokens=resolved.max_num_batched_tokens,
+                max_model_len=max_len,
+                p0_express=resolved.p0_express,
+            ),
             predictive_order_s=PREDICTIVE_ORDER_S if "order" in args.predictive else 0.0,
             predictive_reserve="reserve" in args.predictive,
             predictive_ttft="ttft" in args.predictive,

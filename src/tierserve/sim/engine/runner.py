@@ -21,6 +21,7 @@ from tierserve.core.speculation import SpecConfig, Speculation, parse_speculativ
 from tierserve.engine.core import EngineCore
 from tierserve.engine.load import CoreQueueView, LateRequestCheck
 from tierserve.priority import Priority
+from tierserve.setting import carried
 from tierserve.sim.calibration.profiles import load_hardware, load_model_profile
 from tierserve.sim.engine.cost_model import CostModel
 from tierserve.sim.engine.driver import DriveResult, SlaClients, drive
@@ -101,20 +102,7 @@ def build(cfg: SimConfig) -> tuple[EngineCore, SimExecutor, CostModel]:
             partitions=cfg.partitions,
             prefix_retention=cfg.prefix_retention,
         ),
-        SchedulerConfig(
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_model_len=1 << 20,
-            preemption_mode=cfg.preemption_mode,
-            p0_express=cfg.p0_express,
-            step_time_fraction=cfg.step_time_fraction,
-            p0_step_time_fraction=cfg.p0_step_time_fraction,
-            p0_calm_fraction=cfg.p0_calm_fraction,
-            predictive_order_s=cfg.predictive_order_s,
-            predictive_reserve=cfg.predictive_reserve,
-            predictive_ttft=cfg.predictive_ttft,
-            predictive_routing=cfg.predictive_routing,
-        ),
+        SchedulerConfig(**carried(SchedulerConfig, cfg, max_model_len=1 << 20)),
         replace(policy_for_sla_admission(policy), sla_urgency_fraction=cfg.sla_urgency_fraction)
         if cfg.admission.sla_admission
         else policy,
