@@ -27,7 +27,7 @@ from tierserve.sim.fleet.model import build_fleet, fleet_options, fleet_router, 
 from tierserve.sim.fleet.scale import Scaler
 from tierserve.sim.report.fleet_ingress import AUTOSCALE_LABEL
 from tierserve.sim.scenarios import fleet_ingress_configs
-from tierserve.workloads.synthetic import make_workload
+from tierserve.workloads import make_workload
 
 CLASSES = (("p0", 0), ("p1", 1))
 

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from tierserve.executor.torch_executor import RequestState, TorchExecutor
+from tierserve.executor.state import RequestState
+from tierserve.executor.torch_executor import TorchExecutor
 from tierserve.model.config import ModelConfig
 from tierserve.model.llama import LlamaModel
 from tierserve.model.plan import uses_blas
@@ -129,7 +130,7 @@ def time_steps(ex: TorchExecutor, repeats: int, comps) -> list[dict]:
                 ex.add_state(rid, st)
             sync()
             t0 = time.perf_counter()
-            ex._forward(states, sched)
+            ex.forward(states, sched)
             sync()
             times.append(time.perf_counter() - t0)
             for rid in states:

@@ -22,7 +22,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from tierserve import LLM
 from tierserve.executor.batch import build_batch
-from tierserve.executor.torch_executor import RequestState, TorchExecutor
+from tierserve.executor.state import RequestState
+from tierserve.executor.torch_executor import TorchExecutor
 from tierserve.model import registry
 from tierserve.model.loader import load_model
 from tierserve.model.plan import PATHS, uses_blas

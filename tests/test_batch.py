@@ -7,7 +7,7 @@ import torch
 
 from tierserve.executor.batch import build_batch
 from tierserve.executor.block_table import BlockTables
-from tierserve.executor.torch_executor import RequestState
+from tierserve.executor.state import RequestState
 from tierserve.model.attention import KernelPagedAttention, TorchPagedAttention
 from tierserve.sampling_params import SamplingParams
 

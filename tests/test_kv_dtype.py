@@ -11,7 +11,8 @@ from tests.test_model import GREEDY, chat_ids, rel_err, run_path
 from tierserve import kernels
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.builder import build_engine
-from tierserve.executor.torch_executor import RequestState, TorchExecutor
+from tierserve.executor.state import RequestState
+from tierserve.executor.torch_executor import TorchExecutor
 from tierserve.model.loader import load_model
 from tierserve.model.models.llama import LlamaForCausalLM
 from tierserve.request import Request

@@ -9,7 +9,8 @@ import torch
 
 from tierserve.chat.prompt import ChatPrompter
 from tierserve.executor.batch import build_batch
-from tierserve.executor.torch_executor import RequestState, TorchExecutor
+from tierserve.executor.state import RequestState
+from tierserve.executor.torch_executor import TorchExecutor
 from tierserve.model.loader import load_model
 from tierserve.model.models.llama import LlamaForCausalLM
 from tierserve.model.plan import uses_blas

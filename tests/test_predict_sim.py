@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 
 from tierserve.sim.engine.runner import SimConfig, run_simulation
+from tierserve.workloads import make_workload
 from tierserve.workloads.heavy_tail import TEMPLATES, HeavyTailWorkload
-from tierserve.workloads.synthetic import Workload, WorkloadConfig, make_workload
+from tierserve.workloads.synthetic import Workload, WorkloadConfig
 
 SMALL = SimConfig(
     hardware="h100-80gb",

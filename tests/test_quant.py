@@ -196,7 +196,8 @@ def raw():
 @needs_kernels
 def test_every_step_path_of_the_quantized_model_matches_float32_on_the_same_weights(raw):
     from tests.test_model import chat_ids, rel_err, run_path
-    from tierserve.executor.torch_executor import RequestState, TorchExecutor
+    from tierserve.executor.state import RequestState
+    from tierserve.executor.torch_executor import TorchExecutor
     from tierserve.model.models.llama import LlamaForCausalLM
     from tierserve.sampling_params import SamplingParams
 

@@ -34,7 +34,8 @@ def perplexity(model, ids: list[int], chunk: int = 256, block_size: int = 16, pl
     """exp(mean NLL) of ids[1:] given their prefixes, through the paged KV path (`plan`: the
     serving executor's step plan; default: the model's default plan)."""
     from tierserve.executor.batch import build_batch
-    from tierserve.executor.torch_executor import RequestState, TorchExecutor
+    from tierserve.executor.state import RequestState
+    from tierserve.executor.torch_executor import TorchExecutor
     from tierserve.model.plan import uses_blas
     from tierserve.sampling_params import SamplingParams
 

@@ -22,12 +22,8 @@ from tierserve.engine.args import (
 from tierserve.engine.core import EngineCore
 from tierserve.executor.draft_loader import load_drafter
 from tierserve.executor.draft_model import DraftModel
-from tierserve.executor.torch_executor import (
-    TorchExecutor,
-    blocks_for_gib,
-    default_device,
-    kv_bytes_per_block,
-)
+from tierserve.executor.kv_memory import blocks_for_gib, kv_bytes_per_block
+from tierserve.executor.torch_executor import TorchExecutor, default_device
 from tierserve.model.config import ModelConfig
 from tierserve.model.loader import load_model
 from tierserve.model.registry import build_model

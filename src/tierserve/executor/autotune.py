@@ -146,7 +146,7 @@ def measure(executor) -> dict[int, dict[str, float]]:
     vocab = min(1000, executor.model.config.vocab_size - 1)
     paths = executor.model.paths(bs)
     timings: dict[int, dict[str, float]] = {}
-    from tierserve.executor.torch_executor import RequestState
+    from tierserve.executor.state import RequestState
 
     hopeless: set[str] = set()  # more than 4x the best at the previous size
     for rows in DECODE_SIZES + PROMPT_SIZES:
@@ -182,7 +182,7 @@ def measure(executor) -> dict[int, dict[str, float]]:
                 for rid, st in states.items():
                     executor.add_state(rid, st)
                 t0 = time.perf_counter()
-                executor._forward(states, sched, path=p)
+                executor.forward(states, sched, path=p)
                 took = time.perf_counter() - t0
                 if rep < 0:
                     cold[p] = took

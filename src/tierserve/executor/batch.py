@@ -21,7 +21,7 @@ from tierserve.model.sampler import SampleRow
 
 if TYPE_CHECKING:
     from tierserve.executor.block_table import BlockTables
-    from tierserve.executor.torch_executor import RequestState
+    from tierserve.executor.state import RequestState
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from tierserve.executor.draft_model import DraftModel
-from tierserve.executor.torch_executor import kv_bytes_per_block
+from tierserve.executor.kv_memory import kv_bytes_per_block
 from tierserve.model.loader import LoadedModel, load_model
 from tierserve.model.registry import build_model
 

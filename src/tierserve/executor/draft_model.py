@@ -47,7 +47,7 @@ class DraftState:
 
 class DraftModel:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int) -> None:
-        from tierserve.executor.torch_executor import zeros  # (the executor imports this)
+        from tierserve.executor.kv_memory import zeros
 
         self.model = model
         self.block_size = block_size

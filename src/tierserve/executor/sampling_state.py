@@ -17,7 +17,7 @@ from tierserve.model.penalties import TokenCounts
 from tierserve.model.sampler import GrammarMasks
 
 if TYPE_CHECKING:
-    from tierserve.executor.torch_executor import RequestState
+    from tierserve.executor.state import RequestState
     from tierserve.grammar.engine import GrammarEngine
 
 

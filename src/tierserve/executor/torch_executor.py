@@ -8,23 +8,22 @@ per second, from a short warm-up prefill) and host<->device copy bandwidth.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import mmap
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts
 from tierserve.executor.autotune import load_or_measure
-from tierserve.executor.batch import forward_step
 from tierserve.executor.block_table import BlockTables
 from tierserve.executor.draft_model import DraftModel
+from tierserve.executor.kv_memory import allocate_caches, kv_bytes_per_block
+from tierserve.executor.runner import ModelRunner
 from tierserve.executor.sampling_state import SamplingState
 from tierserve.executor.scoring import prompt_logprobs
+from tierserve.executor.state import RequestState
 from tierserve.model.base import CausalLM
 from tierserve.model.sampler import Sampler
 from tierserve.model.tokenizer import ChatTokenizer
@@ -37,46 +36,6 @@ def default_device() -> str:
 
 def default_dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
-
-
-def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zero-filled cache memory. On the CPU it is an anonymous memory map: resident only as it
-    fills (a 1 GiB KV cache costs memory only for the blocks in use), and advised into
-    transparent huge pages, because the first write into each fresh 4 KiB page is a page fault:
-    measured here, a 2048-token prefill wrote its K/V 50x slower into fresh 4 KiB pages than into
-    touched ones, and only 3-5x slower into fresh huge pages.
-    (Zeros, not garbage, matter: masked attention slots are multiplied by 0, and 0 x NaN = NaN.)"""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0:
-        return torch.empty(shape, dtype=dtype)
-    buf = mmap.mmap(-1, nbytes)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(buf, dtype=dtype).view(shape)
-
-
-def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
-    elem = torch.empty((), dtype=model.kv_dtype).element_size()
-    per_layer = math.prod(model.kv_cache_shape(1, block_size))  # one block of K (or V)
-    return 2 * model.config.num_layers * per_layer * elem
-
-
-def blocks_for_gib(model: CausalLM, block_size: int, gib: float) -> int:
-    return max(1, int(gib * (1 << 30)) // kv_bytes_per_block(model, block_size))
-
-
-@dataclass
-class RequestState:
-    tokens: list[int]
-    num_prompt: int
-    block_ids: list[int]
-    num_computed: int
-    params: SamplingParams
-    table_row: int = -1  # this request's row in the executor's BlockTables
-    eos: int | None = None
-    slot: int = -1  # this request's slot in the penalty token counts (-1: none)
 
 
 class TorchExecutor:
@@ -98,19 +57,16 @@ class TorchExecutor:
         self.drafter = drafter
         self.block_size = block_size
         self.num_blocks = num_blocks
-        dev, dt = model.device, model.kv_dtype
-        shape = model.kv_cache_shape(num_blocks, block_size)
-        layers = model.config.num_layers
-        self.kv_caches = [(zeros(shape, dt, dev), zeros(shape, dt, dev)) for _ in range(layers)]
-        host = model.kv_cache_shape(num_cpu_blocks, block_size)
-        cpu = torch.device("cpu")
+        dev = model.device
+        self.kv_caches = allocate_caches(model, num_blocks, block_size)
         self.host_caches = (
-            [(zeros(host, dt, cpu), zeros(host, dt, cpu)) for _ in range(layers)]
+            allocate_caches(model, num_cpu_blocks, block_size, torch.device("cpu"))
             if num_cpu_blocks
             else []
         )
         self.states: dict[str, RequestState] = {}
         self.tables = BlockTables()
+        self.runner = ModelRunner(model, self.kv_caches, self.tables, block_size)
         self.plan = model.default_plan(block_size)
         self.last_swap_seconds = (0.0, 0.0)  # (in, out) copy time of the last step
         self.sampler = Sampler(dev, seed, model.kernels)
@@ -141,7 +97,7 @@ class TorchExecutor:
             self.add_state("probe", probe)
             self._sync()
             t0 = time.perf_counter()
-            self._forward({"probe": probe}, {"probe": tokens})
+            self.forward({"probe": probe}, {"probe": tokens})
             self._sync()
             best = min(best, time.perf_counter() - t0)
             self.drop_state("probe")
@@ -246,25 +202,24 @@ class TorchExecutor:
         for rid, d in drafts.items():
             self.states[rid].tokens.extend(d)  # verified below; rejected ones are dropped
         result = (
-            self._forward(self.states, scheduled, drafts=drafts) if scheduled else ExecutorOutput()
+            self.forward(self.states, scheduled, drafts=drafts) if scheduled else ExecutorOutput()
         )
         result.failed.update(failed)
         return result
 
-    def _forward(
+    def forward(
         self,
         states: dict[str, RequestState],
         scheduled: dict[str, int],
         path: str | None = None,
         drafts: dict[str, list[int]] | None = None,
     ) -> ExecutorOutput:
+        """One forward pass over `scheduled` (tokens per request) and the sampling that follows
+        it, on the step path `path` (default: the plan's for the step's size). Public: the
+        step-path autotune and benchmarks/gpu_profile.py time it."""
         path = path or self.plan.path(sum(scheduled.values()))
         counts = {rid: len(d) for rid, d in drafts.items()} if drafts else None
-        with self._torch_team(path):
-            batch, logits = forward_step(
-                self.model, self.kv_caches, self.tables, self.block_size, states, scheduled,
-                path, drafts=counts,
-            )  # fmt: skip
+        batch, logits = self.runner.run(states, scheduled, path, counts)
         masks = self.sampling.masks(batch.sample_ids) if batch.sample_ids else None
         result = ExecutorOutput()
         if batch.score_spans:
@@ -275,24 +230,6 @@ class TorchExecutor:
         if batch.sample_ids:
             self._sample(logits, batch, masks, states, result, drafts or {})
         return result
-
-    @contextlib.contextmanager
-    def _torch_team(self, path: str):
-        """The ``bf16`` path's GEMMs and attention are PyTorch ops (oneDNN): where the compiled
-        kernels own the CPU threads and PyTorch's ops run on one (`engine.builder.split_threads`),
-        its steps borrow the kernels' thread count for PyTorch (0.2 us to switch; one thread
-        left a 512-row prefill on this path no faster than the fused layer's on two)."""
-        k = self.model.kernels
-        want = k.kernel_threads() if path == "bf16" and k is not None else 0
-        before = torch.get_num_threads()
-        if want <= before:
-            yield
-            return
-        torch.set_num_threads(want)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
 
     def _sample(self, logits, batch, masks, states, result: ExecutorOutput, drafts) -> None:
         out = self.sampler.sample(logits, batch.sample_rows, self.sampling.counts, masks)

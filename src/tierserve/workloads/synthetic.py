@@ -148,15 +148,6 @@ class Workload:
         return self.rng.gammavariate(shape, 1.0 / (cfg.rate * shape))
 
 
-def make_workload(cfg: WorkloadConfig) -> Workload:
-    """The workload `cfg` describes (its ``lengths`` choose the kind)."""
-    if cfg.lengths == "heavy_tail":
-        from tierserve.workloads.heavy_tail import HeavyTailWorkload
-
-        return HeavyTailWorkload(cfg)
-    return Workload(cfg)
-
-
 class ProbedFlood(Workload):
     """A closed-loop flood (`cfg`: background streams with unique prompts, a P3-only mix) and a
     realtime (P0) probe every `every_s` seconds: the next client to send after a probe is due

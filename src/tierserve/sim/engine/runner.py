@@ -27,7 +27,8 @@ from tierserve.sim.engine.cost_model import CostModel
 from tierserve.sim.engine.driver import DriveResult, SlaClients, drive
 from tierserve.sim.engine.executor import SimExecutor, SimTotals, sim_drafter
 from tierserve.sim.engine.stats import run_stats
-from tierserve.workloads.synthetic import Workload, WorkloadConfig, make_workload
+from tierserve.workloads import make_workload
+from tierserve.workloads.synthetic import Workload, WorkloadConfig
 
 # Deep queues: the seed table measures latency under load, not admission refusals.
 SIM_ADMISSION = AdmissionConfig(

@@ -35,7 +35,8 @@ from tierserve.sim.engine.runner import SimConfig, build
 from tierserve.sim.engine.stats import run_stats
 from tierserve.sim.fleet.drive import FleetDriver, FleetOptions, FleetResult, Replica
 from tierserve.sim.fleet.scale import AutoscaleConfig
-from tierserve.workloads.synthetic import Workload, make_workload
+from tierserve.workloads import make_workload
+from tierserve.workloads.synthetic import Workload
 
 
 @dataclass(frozen=True)
