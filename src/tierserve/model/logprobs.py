@@ -14,6 +14,7 @@ chunks of `CHUNK_ROWS` rows, so a long prompt never holds a ``[prompt, V]`` logi
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,18 +27,35 @@ if TYPE_CHECKING:
 CHUNK_ROWS = 256
 
 
-def top_logprobs(
-    logits: torch.Tensor, lse: torch.Tensor, rows: list[SampleRow]
-) -> dict[int, TopLogprobs]:
-    """{row index: its `top_logprobs` most likely tokens} for the rows that ask."""
-    want = [(i, r.params.top_logprobs) for i, r in enumerate(rows) if r.params.top_logprobs]
+@dataclass(frozen=True)
+class TopRows:
+    """The top-k of the rows that ask for it, still on the device: `ids` and `logprobs` are
+    [R, K] (K the largest k asked); `want` is (row index, its k) per row."""
+
+    want: tuple[tuple[int, int], ...]
+    ids: torch.Tensor
+    logprobs: torch.Tensor
+
+    def unpack(self, flat: list[float]) -> dict[int, TopLogprobs]:
+        """{row index: its top tokens and logprobs}, from `ids` then `logprobs` read back flat."""
+        width = self.ids.shape[1] if self.ids.dim() == 2 else 0
+        half = len(self.want) * width
+        ids, lps = flat[:half], flat[half:]
+        out: dict[int, TopLogprobs] = {}
+        for j, (i, k) in enumerate(self.want):
+            row = slice(j * width, j * width + k)
+            out[i] = (tuple(int(t) for t in ids[row]), tuple(lps[row]))
+        return out
+
+
+def top_logprobs(logits: torch.Tensor, lse: torch.Tensor, rows: list[SampleRow]) -> TopRows | None:
+    """The `top_logprobs` most likely tokens of the rows that ask (None: no row asks)."""
+    want = tuple((i, r.params.top_logprobs) for i, r in enumerate(rows) if r.params.top_logprobs)
     if not want:
-        return {}
+        return None
     idx = torch.tensor([i for i, _ in want], device=logits.device)
     vals, ids = torch.topk(logits[idx], max(k for _, k in want), dim=-1)
-    lps = (vals - lse[idx, None]).tolist()
-    ids = ids.tolist()
-    return {i: (tuple(ids[j][:k]), tuple(lps[j][:k])) for j, (i, k) in enumerate(want)}
+    return TopRows(want, ids, vals - lse[idx, None])
 
 
 def score_positions(

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tierserve.logprobs import TopLogprobs
-from tierserve.model.logprobs import top_logprobs
+from tierserve.model.logprobs import TopRows, top_logprobs
 from tierserve.model.penalties import TokenCounts
 from tierserve.model.processors import apply_token_bitmask, needs_processing, process_logits
 from tierserve.sampling_params import SamplingParams
@@ -108,9 +108,10 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     rows = [i for i, p in enumerate(params) if 0 < p.top_k < vocab]
     if rows:
         r = torch.tensor(rows, device=dev)
-        k = torch.tensor([params[i].top_k for i in rows], device=dev)
+        ks = [params[i].top_k for i in rows]
+        k = torch.tensor(ks, device=dev)
         sub = logits[r]
-        kth = torch.topk(sub, int(k.max())).values.gather(1, (k - 1)[:, None])
+        kth = torch.topk(sub, max(ks)).values.gather(1, (k - 1)[:, None])  # (k from the host)
         logits[r] = sub.masked_fill(sub < kth, float("-inf"))
     rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
     if rows:
@@ -132,6 +133,19 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     return logits
 
 
+def read_back(tokens: torch.Tensor, chosen: torch.Tensor, top: TopRows | None) -> Sampled:
+    """What a step produced, brought to the host in one device-to-host copy: the tokens, their
+    logprobs and the asked-for top-k packed into one float64 tensor (token ids and float32
+    values are exact in float64), so a GPU step waits for the device once."""
+    parts = [tokens.to(torch.float64), chosen.to(torch.float64)]
+    if top is not None:
+        parts += [top.ids.reshape(-1).to(torch.float64), top.logprobs.reshape(-1).to(torch.float64)]
+    flat = torch.cat(parts).tolist()  # the one copy
+    n = tokens.shape[0]
+    toks, lps = [int(t) for t in flat[:n]], flat[n : 2 * n]
+    return Sampled(toks, lps, top.unpack(flat[2 * n :]) if top is not None else {})
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int | None = None, kernels=None) -> None:
         self.device = device
@@ -140,7 +154,8 @@ class Sampler:
         self._rng.seed() if seed is None else self._rng.manual_seed(seed)
 
     def _keys(self, rows: list[SampleRow]) -> torch.Tensor:
-        fresh = torch.randint(0, 1 << 32, (len(rows),), generator=self._rng).tolist()
+        # (a host generator's draw: numpy's list, no device read)
+        fresh = torch.randint(0, 1 << 32, (len(rows),), generator=self._rng).numpy().tolist()
         keys = [
             fresh[i] if r.params.seed is None else seeded_key(r.params.seed, r.output_index)
             for i, r in enumerate(rows)
@@ -173,7 +188,7 @@ class Sampler:
                 sub = process_logits(sub, wrows, counts)
             tokens[idx] = self._draw(sub, wrows)
         chosen = logits.gather(1, tokens[:, None]).squeeze(1) - lse
-        return Sampled(tokens.tolist(), chosen.tolist(), top_logprobs(logits, lse, rows))
+        return read_back(tokens, chosen, top_logprobs(logits, lse, rows))
 
     def _draw(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         """Greedy rows: the argmax; the others: filtered, then the Gumbel-max draw."""

@@ -130,8 +130,9 @@ class TorchPagedAttention(AttentionBackend):
                 ContinuedChunk(row, row + int(counts[i]), torch.from_numpy(ctx), start)
             )
         if decode.any():
-            lens = torch.from_numpy(starts[decode] + 1)
-            width = -(-int(lens.max()) // bs)
+            lens_np = starts[decode] + 1  # host data: no device read to size the tables
+            lens = torch.from_numpy(lens_np)
+            width = -(-int(lens_np.max()) // bs)
             tab = layout.tables.tensor[torch.from_numpy(t_rows[decode]), :width]
             meta.decode_rows = torch.from_numpy(rows[decode])
             meta.decode_blocks = tab.reshape(-1).long()
