@@ -13,10 +13,12 @@ import time
 
 import httpx
 import pytest
+import torch
 
 from tests.server_utils import free_port
 from tierserve import cli
 from tierserve.cli.serve import build_configs, merged_options
+from tierserve.engine.args import resolve_defaults
 
 
 def parse(*argv):
@@ -30,6 +32,19 @@ def run_cli(*argv) -> subprocess.CompletedProcess:
 
 
 # -- item 8: vLLM's flags ------------------------------------------------------------------------
+
+
+CPU_TORCH = torch.version.cuda is None
+
+
+def test_vllm_gpu_flags_mean_the_same_here():
+    args, _ = parse("--gpu-memory-utilization", "0.8", "--enforce-eager")
+    assert args.gpu_memory_utilization == 0.8 and args.enforce_eager
+    args, _ = parse()
+    assert args.gpu_memory_utilization == 0.9 and not args.enforce_eager
+    assert args.kv_cache_gib is None  # a device default: 1 GiB on cpu, by utilization on cuda
+    assert resolve_defaults(args, "cpu").kv_cache_gib == 1.0
+    assert resolve_defaults(args, "cuda").kv_cache_gib is None
 
 
 def test_vllm_names_that_mean_the_same_are_accepted(tmp_path):
@@ -51,13 +66,16 @@ def test_vllm_names_that_mean_the_same_are_accepted(tmp_path):
     ("argv", "needle"),
     [
         (["-tp", "2"], "--tensor-parallel-size 2: not supported"),
-        (["--gpu-memory-utilization", "0.9"], "--gpu-memory-utilization does not apply"),
+        (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization must lie in (0, 1]"),
+        (["--device", "cuda"], "--device cuda: this torch"),
         (["--scheduling-policy", "priority", "--policy", "wfq"], "contradicts --policy"),
         (["--policy", "hybird"], "did you mean 'hybrid'"),
         (["--cpu-threads", "none"], "--cpu-threads"),
     ],
 )
 def test_flags_that_do_not_apply_are_one_line_errors(argv, needle):
+    if argv[:2] == ["--device", "cuda"] and not CPU_TORCH:
+        pytest.skip("this torch has CUDA")
     r = run_cli("serve", *argv)
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()

@@ -41,9 +41,7 @@ def executor(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama")
     save_tiny(folder, "LlamaForCausalLM")
     loaded = load_model(folder)
-    model = registry.build_model(
-        loaded.config, dict(loaded.weights)
-    )  # kernels=None: the torch path
+    model = registry.build_model(loaded.config, dict(loaded.weights), kernels=False)  # as on CUDA
     return TorchExecutor(model, num_blocks=64, block_size=16, measure=False)
 
 

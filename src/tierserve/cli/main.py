@@ -98,11 +98,13 @@ def _serve(args: argparse.Namespace) -> int:
     from tierserve.api.tenancy import tenant_registry
     from tierserve.chat.template import load_chat_template
     from tierserve.cli.serve import NOTES, build_configs, merged_options
+    from tierserve.cli.serve_model import check_device
     from tierserve.cluster.launch import cluster_options
 
     try:  # every settings file is read and checked before the model loads
         opts = merged_options(args)
         engine_args, settings = build_configs(opts)
+        check_device(engine_args.device)
         tenants = tenant_registry(settings)
         cluster = cluster_options(opts)
         if settings.chat_template:

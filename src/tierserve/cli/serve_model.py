@@ -5,7 +5,7 @@ and the name clients use in `model` follows one rule.
 `SmolLM2-135M-Instruct`; a GGUF file is its file name without `.gguf` and without a
 llama.cpp quantization tag (`.Q4_1`, `-Q8_0`, `.F16`, `-IQ4_XS`, ...); a Hugging Face folder
 is the folder's name. So the embedded GGUF given by path serves under the same name as the
-default. Torch-free.
+default. Torch-free, but for `check_device`, which asks torch what it was built with.
 """
 
 from __future__ import annotations
@@ -51,3 +51,21 @@ def check_model_source(model: str | None) -> None:
     with path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError(f"--model {model}: not a GGUF file (it does not start with GGUF)")
+
+
+def check_device(device: str | None) -> None:
+    """`--device cuda` where this torch cannot reach a GPU: one line naming the fix."""
+    if device is None or not str(device).startswith("cuda"):
+        return
+    import torch
+
+    if torch.version.cuda is None:
+        raise ValueError(
+            f"--device {device}: this torch ({torch.__version__}) was built without CUDA; "
+            "install a CUDA build of torch (README: On a GPU) or use --device cpu"
+        )
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {device}: torch {torch.__version__} sees no CUDA device (driver, "
+            "CUDA_VISIBLE_DEVICES?); use --device cpu to serve on the CPU"
+        )

@@ -161,7 +161,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--block-size", E + "block_size", int, None, "tokens per KV block (default 16)"),
     Option(
         "--kv-cache-gib", E + "kv_cache_gib", float, None,
-        "KV cache memory budget in GiB (default 1.0)"
+        "KV cache memory budget in GiB (default: 1.0 on cpu; on cuda what "
+        "--gpu-memory-utilization leaves)"
+    ),
+    Option(
+        "--gpu-memory-utilization", E + "gpu_memory_utilization", float, None,
+        "cuda: the share of the GPU's memory the engine may use; the KV cache takes what the "
+        "weights and activations leave (0.9; --kv-cache-gib or --num-kv-blocks override it; "
+        "no effect on cpu)"
     ),
     Option(
         "--num-kv-blocks", E + "num_kv_blocks", int, None,
@@ -338,6 +345,10 @@ OPTIONS: tuple[Option, ...] = (
         "Batch API: lines in flight at once, overall and per batch (64)"
     ),
     _switch("--no-prefix-caching", E + "enable_prefix_caching", "disable prefix caching"),
+    _switch(
+        "--enforce-eager", E + "enforce_eager",
+        "cuda: run every step eagerly, no decode graphs (vLLM's flag)", negate=False
+    ),
     _switch(
         "--no-adaptive-floor", PART + "adaptive",
         "keep the P0 floor at its max instead of following P0 demand"

@@ -6,8 +6,7 @@ the flag where it does not apply, so that a vLLM command line either works or sa
 - `--enable-prefix-caching`: on, the default; `--no-enable-prefix-caching`: `--no-prefix-caching`;
 - `--scheduling-policy fcfs | priority`: `--policy fcfs` / `--policy strict` (ours work too);
 - `--trust-remote-code`: accepted, no effect (tierserve runs no code from a model folder);
-- `--gpu-memory-utilization`: refused (the KV cache is sized by `--kv-cache-gib` or
-  `--num-kv-blocks`).
+- `--gpu-memory-utilization` and `--enforce-eager` are tierserve's own flags too (same meaning).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import difflib
 VLLM_OPTIONS = [
     ("--tensor-parallel-size", int, "vLLM's name; 1 only (one engine per process)"),
     ("--scheduling-policy", str, "vLLM's name for --policy (fcfs, priority = strict, or ours)"),
-    ("--gpu-memory-utilization", float, "vLLM's; not used here: see --kv-cache-gib"),
 ]
 VLLM_SWITCHES = [
     ("--enable-prefix-caching", "vLLM's name; prefix caching is on by default"),
@@ -58,11 +56,6 @@ def apply_vllm_options(opts: dict) -> list[str]:
         raise ValueError(
             f"--tensor-parallel-size {tp}: not supported; tierserve runs one engine per process "
             "(only 1): for more engines use --replicas N"
-        )
-    if opts.pop("gpu_memory_utilization", None) is not None:
-        raise ValueError(
-            "--gpu-memory-utilization does not apply: size the KV cache with --kv-cache-gib "
-            "(GiB) or --num-kv-blocks"
         )
     if opts.pop("trust_remote_code", None):
         notes.append("--trust-remote-code: accepted, no effect (no code runs from a model folder)")

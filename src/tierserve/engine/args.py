@@ -54,7 +54,14 @@ class EngineArgs:
     # Products of the quantized kernels: float32, or bfloat16 (float32 sums) where the CPU has
     # AVX512_BF16; auto: bfloat16 there, float32 elsewhere (model/weights.py)
     activations: str = "auto"
-    kv_cache_gib: float = 1.0
+    # None: 1 GiB on the CPU; on CUDA what `gpu_memory_utilization` leaves (engine/builder.py)
+    kv_cache_gib: float | None = None
+    # CUDA: the share of the GPU's memory this engine may use (weights, activations, graphs and
+    # KV); after the weights load and one profiling step, the KV cache takes what is left
+    # (vLLM's flag and default). An explicit kv_cache_gib or num_kv_blocks overrides it.
+    gpu_memory_utilization: float = 0.9
+    # CUDA: run every step eagerly (vLLM's --enforce-eager): no decode graphs.
+    enforce_eager: bool = False
     # The KV cache's element type: float32, float16 or bfloat16 (vLLM's spellings fp16 and
     # bf16 too); auto: the model's dtype (engine/builder.py, kv_cache_dtype).
     kv_cache_dtype: str = "auto"
@@ -114,8 +121,12 @@ class EngineArgs:
             raise ValueError(
                 f"predictive uses are {', '.join(PREDICTIVE_USES)}; got {', '.join(sorted(bad))}"
             )
-        if self.kv_cache_gib <= 0 and self.num_kv_blocks is None:
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0 and self.num_kv_blocks is None:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.swap_space_gib is not None and self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must not be negative, got {self.swap_space_gib}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
@@ -142,6 +153,8 @@ class EngineArgs:
 # known); the flags' help and docs/api.md quote them.
 DEVICE_DEFAULTS: dict[str, tuple[Any, Any]] = {
     "dtype": ("float32", "bfloat16"),
+    # On CUDA the KV cache takes what gpu_memory_utilization leaves (None: sized at start).
+    "kv_cache_gib": (1.0, None),
     # On the CPU a step of 2048 prompt tokens lasts ~1 s, and a P0 arriving during it waits for
     # all of it (docs/performance.md, flood).
     "max_num_batched_tokens": (512, 2048),

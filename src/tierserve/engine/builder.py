@@ -20,6 +20,7 @@ from tierserve.engine.args import (
     resolve_defaults,
 )
 from tierserve.engine.core import EngineCore
+from tierserve.engine.gpu_memory import kv_blocks_for_utilization
 from tierserve.executor.draft_loader import load_drafter
 from tierserve.executor.draft_model import DraftModel
 from tierserve.executor.kv_memory import blocks_for_gib, kv_bytes_per_block
@@ -123,7 +124,23 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
     torch_threads = split_threads(model, args.cpu_threads, args.block_size)
     loaded.weights = {}  # the model took what it needs (the tokenizer stays: a draft model's
     # vocabulary is checked against it)
-    num_blocks = args.num_kv_blocks or blocks_for_gib(model, args.block_size, args.kv_cache_gib)
+    max_len = context_length(args.max_model_len, loaded.config.max_position_embeddings)
+    cuda = str(device).startswith("cuda")
+    graphs = cuda and not args.enforce_eager
+    if args.num_kv_blocks:
+        num_blocks = args.num_kv_blocks
+    elif resolved.kv_cache_gib is not None:
+        num_blocks = blocks_for_gib(model, args.block_size, resolved.kv_cache_gib)
+    else:  # CUDA: what --gpu-memory-utilization leaves after weights and activations
+        num_blocks = kv_blocks_for_utilization(
+            model,
+            args.block_size,
+            args.gpu_memory_utilization,
+            min(resolved.max_num_batched_tokens, max_len),
+            args.max_num_seqs,
+            max_len,
+            graphs,
+        )
     kv_bytes = num_blocks * kv_bytes_per_block(model, args.block_size)
     num_cpu = (
         blocks_for_gib(model, args.block_size, resolved.swap_space_gib)
@@ -152,6 +169,9 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         measure=args.measure_costs,
         tokenizer=loaded.tokenizer,
         drafter=drafter,
+        decode_graphs="capture" if graphs else "off",
+        max_model_len=max_len,
+        max_seqs=args.max_num_seqs,
     )
     log.info(
         "KV cache: %d blocks of %d tokens, %s (%.2f GiB)",
@@ -160,7 +180,6 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
         str(model.kv_dtype).removeprefix("torch."),
         kv_bytes / (1 << 30),
     )
-    max_len = context_length(args.max_model_len, loaded.config.max_position_embeddings)
     engine = EngineCore.build(
         executor,
         clock or WallClock(),

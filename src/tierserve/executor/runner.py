@@ -1,7 +1,7 @@
 """The model runner: one forward pass of the model over a step's batch, reading and writing the
 executor's paged KV cache through its block tables. The executor (torch_executor.py) owns the
 requests' state and the sampling; the runner owns how the model is run (the step path's
-threads today; decode graphs on CUDA are the next thing that goes here)."""
+threads; decode-only steps replayed from CUDA graphs, graphs.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tierserve.executor.batch import Batch, forward_step
+from tierserve.executor.graphs import DecodeGraphs
 from tierserve.model.base import CausalLM
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.tables = tables
         self.block_size = block_size
+        self.graphs: DecodeGraphs | None = None  # decode-only steps replayed (graphs.py)
 
     def run(
         self,
@@ -41,6 +43,10 @@ class ModelRunner:
         """The model over one step's batch on step path `path`: its KV written into the
         cache, the batch it was built from and the logits of its sampled rows (with the
         scored rows' hidden states where prompt logprobs are asked for)."""
+        if self.graphs is not None and path == "torch":
+            key = self.graphs.key(states, scheduled, drafts)
+            if key is not None:
+                return self.graphs.run(states, scheduled, self.tables, key)
         with self._torch_team(path):
             return forward_step(
                 self.model, self.kv_caches, self.tables, self.block_size, states, scheduled,

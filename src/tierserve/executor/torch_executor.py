@@ -19,6 +19,7 @@ from tierserve.core.preemption import PreemptionCosts
 from tierserve.executor.autotune import load_or_measure
 from tierserve.executor.block_table import BlockTables
 from tierserve.executor.draft_model import DraftModel
+from tierserve.executor.graphs import DecodeGraphs
 from tierserve.executor.kv_memory import allocate_caches, kv_bytes_per_block
 from tierserve.executor.runner import ModelRunner
 from tierserve.executor.sampling_state import SamplingState
@@ -49,16 +50,23 @@ class TorchExecutor:
         measure: bool = True,
         tokenizer: ChatTokenizer | None = None,
         drafter: DraftModel | None = None,
+        decode_graphs: str = "off",
+        max_model_len: int | None = None,
+        max_seqs: int = 256,
     ) -> None:
         """`tokenizer`: the model's, for structured output (grammar masks are computed over
         its vocabulary); without it a request with a grammar fails. `drafter`: the draft model
-        that fills the drafts the scheduler planned (method "draft_model")."""
+        that fills the drafts the scheduler planned (method "draft_model"). `decode_graphs`:
+        "capture" (CUDA graphs of decode steps up to `max_model_len`, graphs.py), "eager" (the
+        same buffers and buckets, called eagerly: the CPU's stand-in, for tests) or "off"."""
         self.model = model
         self.drafter = drafter
         self.block_size = block_size
         self.num_blocks = num_blocks
         dev = model.device
-        self.kv_caches = allocate_caches(model, num_blocks, block_size)
+        graphs = decode_graphs != "off"
+        # (graphs: one scratch block past the manager's, written and read by padding rows)
+        self.kv_caches = allocate_caches(model, num_blocks + graphs, block_size)
         self.host_caches = (
             allocate_caches(model, num_cpu_blocks, block_size, torch.device("cpu"))
             if num_cpu_blocks
@@ -77,6 +85,20 @@ class TorchExecutor:
         if measure:  # the fastest path per step size, measured once per machine and model
             self.plan = load_or_measure(self)
         model.use_plan(self.plan)
+        if graphs:
+            if decode_graphs not in ("capture", "eager"):
+                raise ValueError(f"decode_graphs: capture, eager or off, got {decode_graphs!r}")
+            context = max_model_len or model.config.max_position_embeddings
+            self.runner.graphs = DecodeGraphs(
+                model,
+                self.kv_caches,
+                block_size,
+                max_seqs=max_seqs,
+                max_blocks=-(-context // block_size),
+                scratch_block=num_blocks,
+                capture=decode_graphs == "capture",
+            )
+            self.runner.graphs.capture_all()
 
     # -- cost figures for preemption -------------------------------------------------------
     def preemption_costs(self) -> PreemptionCosts | None:
