@@ -201,3 +201,25 @@ def test_while_draining_requests_and_ready_get_503_with_retry_after(server):
     assert openai_error(r, 503)["type"] == "resource_exhausted"
     assert int(r.headers["retry-after"]) >= 1
     assert ready.status_code == 503 and int(ready.headers["retry-after"]) >= 1
+
+
+# -- issue 46, item 6: small ones ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_an_empty_body_is_named_as_such(server, path):
+    url, _ = server
+    r = httpx.post(f"{url}{path}", content=b"", headers={"content-type": "application/json"})
+    err = openai_error(r, 400)
+    assert "missing request body" in err["message"] and "None" not in err["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_stream_options_without_streaming_is_a_400(server, path):
+    url, _ = server
+    extra = {"stream_options": {"include_usage": True}}
+    body = ask(**extra) if "chat" in path else {"prompt": "Hi", "max_tokens": 2, **extra}
+    err = openai_error(httpx.post(f"{url}{path}", json=body), 400)
+    assert "stream_options is only allowed when stream is true" in err["message"]
+    ok = httpx.post(f"{url}{path}", json={**body, "stream": True}, timeout=60)
+    assert ok.status_code == 200

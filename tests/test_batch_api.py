@@ -343,3 +343,23 @@ def test_the_example_runs(server):
     )
     assert proc.returncode == 0, proc.stderr
     assert "completed: 3 of 3 requests" in proc.stdout
+
+
+def test_a_line_that_can_never_run_is_its_own_error_not_the_batchs_429(server):
+    """issue 46, item 6: max_tokens far past the context made the whole batch a retryable 429
+    ("enqueued token limit reached"); the line's cost is capped at the context, the batch runs,
+    and that line fails with the endpoint's own 400."""
+    url, _ = server
+    c = client(url)
+    lines = [chat_line("ok", "What is 1 plus 1?"), chat_line("huge", "Hi", max_tokens=10**9)]
+    b = c.batches.create(
+        input_file_id=upload(c, lines).id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    b = wait_status(c, b.id)
+    assert b.status == "completed", b
+    out, err = read_jsonl(c, b.output_file_id), read_jsonl(c, b.error_file_id)
+    assert set(out) == {"ok"} and set(err) == {"huge"}
+    assert err["huge"]["response"]["status_code"] == 400
+    assert "context is" in err["huge"]["response"]["body"]["error"]["message"]

@@ -271,11 +271,12 @@ def test_state_round_trips_through_the_cache_dir(tmp_path, monkeypatch):
         json.dumps({"version": 1, "sketches": {"global": {"t": 0, "w": {"3": -1}}}}),
         json.dumps({"version": 1, "sketches": {"global": {"t": 0, "w": {"x": 1}}}}),
         json.dumps({"version": 1, "sketches": {"global": "nope"}}),
+        b"\xff\xfe{ not utf-8",
     ],
 )
 def test_a_corrupt_state_is_ignored_with_a_warning(tmp_path, caplog, text):
     path = tmp_path / "lengths.json"
-    path.write_text(text)
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
     pred = _trained()
     before = pred.to_json()
     with caplog.at_level(logging.WARNING):
@@ -283,7 +284,10 @@ def test_a_corrupt_state_is_ignored_with_a_warning(tmp_path, caplog, text):
     assert msg is not None and str(path) in msg and "ignored" in msg
     assert any("corrupt" in r.message for r in caplog.records)
     assert pred.to_json() == before  # nothing half-restored
-    assert path.read_text() == text  # the file is left for a person to look at
+    aside = tmp_path / "lengths.json.corrupt"
+    assert aside.read_bytes() == (text if isinstance(text, bytes) else text.encode())
+    assert not path.exists()  # kept for a person to look at
+    assert str(aside) in msg
 
 
 def test_a_missing_state_is_a_cold_start(tmp_path):

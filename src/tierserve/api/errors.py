@@ -100,6 +100,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     field = ".".join(loc) or None
     msg = e.get("msg", "invalid value").removeprefix("Value error, ")
     if e.get("type") == "missing":
+        if field is None:  # the body itself
+            return "missing request body: send a JSON object (content-type: application/json)", None
         return f"missing required field '{field}'", field
     if e.get("type") == "extra_forbidden":
         return f"unknown field '{field}': not part of this API (see docs/api.md)", field

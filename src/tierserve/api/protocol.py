@@ -118,6 +118,9 @@ class Common(BaseModel):
 
     @model_validator(mode="after")
     def _service_tier(self):
+        if self.stream_options is not None and not self.stream:
+            # (OpenAI and vLLM refuse it: the options only shape a stream)
+            raise ValueError("stream_options is only allowed when stream is true")
         asked = {"flex": 2, "priority": 0}.get(self.service_tier or "")
         if self.priority is None and asked is not None:
             self.priority = asked

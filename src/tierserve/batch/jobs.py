@@ -120,12 +120,15 @@ def write_outputs(store: BatchStore, bodies: FileBodies, batch: dict) -> dict:
     return out
 
 
-def estimate_tokens(body: dict, default_max_tokens: int) -> int:
+def estimate_tokens(body: dict, default_max_tokens: int, context: int | None = None) -> int:
     """A line's cost for the tenant's queued-token limit: its text at ~4 bytes a token (plus
-    a little per message) and its completion budget."""
+    a little per message) and its completion budget, never more than the served `context`: a
+    line asking for more can never run, and fails as that line's own error (the endpoint's
+    400), not as the whole batch's 429."""
     prompt = body.get("messages", body.get("prompt", ""))
     text = json.dumps(prompt, ensure_ascii=False)
     n_messages = len(prompt) if isinstance(body.get("messages"), list) else 1
     limit = body.get("max_completion_tokens") or body.get("max_tokens") or default_max_tokens
     limit = limit if isinstance(limit, int) else default_max_tokens
-    return len(text.encode()) // 4 + 4 * n_messages + limit
+    tokens = len(text.encode()) // 4 + 4 * n_messages + limit
+    return tokens if context is None else min(tokens, context)

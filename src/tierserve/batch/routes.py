@@ -4,6 +4,7 @@ as an unknown one)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query
@@ -19,6 +20,8 @@ from tierserve.batch import objects as O
 from tierserve.batch.config import BatchConfig
 from tierserve.batch.service import BatchService
 from tierserve.host.paths import cache_dir
+
+log = logging.getLogger("tierserve.batch")
 
 router = APIRouter(dependencies=[Depends(authenticated)])
 FORM_FIELDS = {"file", "purpose"}
@@ -140,11 +143,38 @@ def batch_config(settings) -> BatchConfig | None:
 
 def mount_batch(app: FastAPI, state) -> BatchService | None:
     """Add the Batch API to `app` when the settings name a database; the service (whose
-    feeder the app's lifespan starts and stops) is kept as `app.state.batch`."""
+    feeder the app's lifespan starts and stops) is kept as `app.state.batch`. A database that
+    cannot be opened (not SQLite, unreadable, a bad URL) does not stop the server: one log line,
+    chat and completions serve, and the Batch API answers 503 `batch_unavailable` naming the
+    database; the file is left as it is."""
     cfg = batch_config(state.settings)
     if cfg is None:
         return None
-    svc = BatchService(state, cfg)
+    try:
+        svc = BatchService(state, cfg)
+    except Exception as exc:  # SQLAlchemy's errors, OSError, ...: the reason, in one line
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+        why = (
+            f"the Batch API is unavailable: its database {cfg.db_url} could not be opened "
+            f"({reason}); fix or move the file, or start with --batch-db PATH (off: no Batch API)"
+        )
+        log.error("%s", why)
+        app.include_router(_unavailable_router(why))
+        return None
     app.state.batch = svc
     app.include_router(router)
     return svc
+
+
+def _unavailable_router(why: str) -> APIRouter:
+    """Every Batch API path, answered 503 `batch_unavailable` with `why`."""
+    down = APIRouter(dependencies=[Depends(authenticated)])
+
+    async def unavailable() -> None:
+        raise APIError(503, why, "server_error", code="batch_unavailable")
+
+    for path in ("/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content"):
+        down.add_api_route(path, unavailable, methods=["GET", "POST", "DELETE"])
+    for path in ("/v1/batches", "/v1/batches/{batch_id}", "/v1/batches/{batch_id}/cancel"):
+        down.add_api_route(path, unavailable, methods=["GET", "POST"])
+    return down

@@ -253,7 +253,9 @@ class BatchService:
                         f"the batch's endpoint {endpoint!r}",
                         param="input_file_id",
                     )
-                total += estimate_tokens(x.body, self.state.settings.default_max_tokens)
+                total += estimate_tokens(
+                    x.body, self.state.settings.default_max_tokens, self.state.max_model_len
+                )
         return total
 
     async def batch(self, tenant: Tenant, batch_id: str) -> dict:

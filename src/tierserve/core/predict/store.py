@@ -3,8 +3,10 @@
 ``$TIERSERVE_CACHE_DIR/predictor/lengths.json`` by default (the cache dir as the autotune cache
 and the simulator's profiles find it, tierserve/host/paths.py); ``$TIERSERVE_PREDICTOR_STATE`` names
 another file (a benchmark gives each server its own, so no run starts from another's learning).
-A missing file is a cold start; a corrupt or foreign one is ignored with a warning (logged, and
-returned), never a crash.
+A missing file is a cold start; a corrupt or foreign one (bad UTF-8, bad JSON, another
+version) is ignored with one warning (logged, and returned) and moved aside to
+``<name>.corrupt`` for a person to inspect, so the next save does not write over it; never a
+crash.
 """
 
 from __future__ import annotations
@@ -34,17 +36,24 @@ def load_state(predictor: LengthPredictor, path: Path | None = None) -> str | No
     else the warning (the file is left alone and the predictor starts cold)."""
     path = path or default_path()
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as e:
         msg = f"predictor state {path} unreadable ({e.strerror}); starting cold"
         log.warning(msg)
         return msg
-    try:
-        predictor.restore(json.loads(text))
-    except (ValueError, TypeError, AttributeError, RecursionError) as e:
-        msg = f"predictor state {path} is corrupt ({e}); ignored, starting cold"
+    try:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+        predictor.restore(json.loads(data.decode("utf-8")))
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError, RecursionError) as e:
+        aside = path.with_name(path.name + ".corrupt")
+        try:
+            path.replace(aside)
+            kept = f"moved to {aside}"
+        except OSError:
+            kept = "left in place"
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        msg = f"predictor state {path} is corrupt ({reason}); ignored ({kept}), starting cold"
         log.warning(msg)
         return msg
     return None
