@@ -71,7 +71,9 @@ class ClassQueue:
     * main lane: ordered by the policy's key (arrival, or deadline then arrival). With
       ``tenant_fair`` the main lane is one heap per tenant, and the tenant with the smallest
       virtual counter is served next; a tenant that becomes backlogged has its counter lifted to
-      the smallest backlogged counter, so idle time is not banked as credit.
+      the smallest backlogged counter, or, when no tenant is waiting, to the counter of the
+      tenant served last (VTC's lift): idle time is not banked as credit, and a newcomer does
+      not get the service others had while it was away as a windfall.
     """
 
     def __init__(self, tenant_fair: bool = False) -> None:
@@ -82,6 +84,7 @@ class ClassQueue:
         self.counters: dict[str, float] = {}
         self._theap: list[tuple[float, int, str]] = []  # lazy (counter, seq, tenant)
         self._lane: dict[str, object] = {}  # request id -> _HEAD | _MAIN | tenant name
+        self.last_served: float | None = None  # the counter of the tenant served last
 
     def __len__(self) -> int:
         return len(self._lane)
@@ -100,6 +103,8 @@ class ClassQueue:
             q = self._tenants[t] = RequestHeap()
         if len(q) == 0:
             floor = self._min_backlogged_counter()
+            if floor is None:  # nobody waits: the last one served sets the level
+                floor = self.last_served
             c = self.counters.get(t, 0.0)
             if floor is not None and c < floor:
                 c = floor
@@ -161,6 +166,7 @@ class ClassQueue:
             heapq.heappop(self._theap)
             req = self._tenants[t].pop()
             self.counters[t] += cost(req)
+            self.last_served = self.counters[t]
             if len(self._tenants[t]) > 0:
                 heapq.heappush(self._theap, (self.counters[t], next(_seq), t))
         if req is not None:
