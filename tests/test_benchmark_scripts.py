@@ -14,7 +14,7 @@ def test_gpu_profile_script_runs_on_cpu_with_a_tiny_model(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmarks" / "gpu_profile.py"),
+            str(ROOT / "benchmarks" / "gpu" / "gpu_profile.py"),
             "--tiny",
             "--device",
             "cpu",
@@ -37,7 +37,7 @@ def test_gpu_profile_script_runs_on_cpu_with_a_tiny_model(tmp_path):
 
 def test_gemm_curve_script_prints_one_row_per_m():
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gemm_curve.py"), "--layers", "1",
+        [sys.executable, str(ROOT / "benchmarks" / "kernels" / "gemm_curve.py"), "--layers", "1",
          "--m", "1", "4", "--reps", "1"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -50,7 +50,8 @@ def test_gemm_curve_script_prints_one_row_per_m():
 def test_autoscale_timeline_prints_the_autoscaler_s_inputs_and_the_cost():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # this checkout's code
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "autoscale_timeline.py"), "--duration", "6",
+        [sys.executable, str(ROOT / "benchmarks" / "simulation" / "autoscale_timeline.py"),
+        "--duration", "6",
          "--drain-time-at-risk"],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
@@ -74,7 +75,7 @@ def _load_benchmark(name: str):
 def test_spec_decode_row_cost_recovers_a_draft_row_s_cost_and_the_bound():
     """spec_decode.py --steps: steps of 4 streams, 9 ms plain and 0.8 ms more a draft row;
     steps with a prefill or fewer streams are left out."""
-    row_cost = _load_benchmark("spec_decode").row_cost
+    row_cost = _load_benchmark("engine/spec_decode").row_cost
     step = lambda drafts, tokens: (4, 0, 4 + drafts, 0.009 + 0.0008 * drafts, tokens)  # noqa: E731
     off = [{"steps": [(4, 0, 4, 0.009, 4)] * 5 + [(4, 100, 104, 0.5, 4), (2, 0, 2, 0.001, 2)]}]
     on = [{"steps": [step(4, 7), step(8, 10), step(12, 12), (4, 50, 62, 0.3, 6)]}]

@@ -1,4 +1,4 @@
-"""benchmarks/cluster_load.py runs against a real (single-process) server and reports every
+"""benchmarks/served/cluster_load.py runs against a real (single-process) server and reports every
 class (a short smoke configuration; not timed)."""
 
 import json
@@ -21,7 +21,7 @@ def test_cluster_load_script_reports_each_class(tmp_path):
         proc = subprocess.run(
             [
                 sys.executable,
-                str(ROOT / "benchmarks" / "cluster_load.py"),
+                str(ROOT / "benchmarks" / "served" / "cluster_load.py"),
                 "--url",
                 url,
                 "--duration",

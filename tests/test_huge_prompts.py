@@ -1,7 +1,7 @@
 """Huge prompts are refused without blocking the event loop (issue 23, item 4): a prompt that
 cannot fit is refused before it is tokenized, and tokenizing and template rendering run in a
 worker thread, so /health and everyone else keep being answered meanwhile.
-`benchmarks/huge_prompt_probe.py` measures the same against the real server (figures in
+`benchmarks/served/huge_prompt_probe.py` measures the same against the real server (figures in
 docs/api.md)."""
 
 from __future__ import annotations

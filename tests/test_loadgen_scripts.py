@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_sim_prediction_uses_the_load_generators_lengths_and_compares(tmp_path):
     out = tmp_path / "sim"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "serve_sim_prediction.py"), "--out", str(out),
+        [sys.executable, str(ROOT / "benchmarks" / "simulation" / "serve_sim_prediction.py"),
+        "--out", str(out),
          "--policy", "hybrid", "--concurrency", "4", "--duration", "20", "--warmup", "5",
          "--lengths", "cpu", "--length-scale", "0.5"],
         capture_output=True, text=True, timeout=300,
@@ -28,5 +29,5 @@ def test_sim_prediction_uses_the_load_generators_lengths_and_compares(tmp_path):
 
 
 def test_seed_experiment_script_parses():
-    script = ROOT / "benchmarks" / "serve_seed_experiment.sh"
+    script = ROOT / "benchmarks" / "served" / "serve_seed_experiment.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0

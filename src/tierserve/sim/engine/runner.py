@@ -67,7 +67,7 @@ class SimConfig:
     # Prefix-cache retention by class (CacheConfig.prefix_retention; all 0: plain LRU).
     prefix_retention: tuple[float, ...] = CacheConfig().prefix_retention
     # hybrid's SLA urgency under SLA admission (policy_for_sla_admission: 1.0; the default 0.2
-    # only for comparison, benchmarks/sla_ablation.py)
+    # only for comparison, benchmarks/simulation/sla_ablation.py)
     sla_urgency_fraction: float = 1.0
     # Speculative decoding (None: off) and the workload's per-draft acceptance, per class.
     speculative: SpecConfig | None = None
