@@ -111,7 +111,7 @@ def merged_options(ns: argparse.Namespace) -> dict:
             opts[k] = v
     opts[NOTES] = apply_vllm_options(opts)
     check_policy_name(opts.get("policy"))
-    check_model_source(opts.get("model"))
+    check_model_source(opts.get("model"), opts.get("tokenizer"))
     return opts
 
 

@@ -30,8 +30,25 @@ def served_name(model: str | None) -> str:
     return path.name or str(model)
 
 
-def check_model_source(model: str | None) -> None:
-    """ValueError naming what is wrong with `--model`, checked without loading anything."""
+def check_tokenizer_source(tokenizer: str | None) -> None:
+    """ValueError naming what is wrong with `--tokenizer`."""
+    if tokenizer is None:
+        return
+    path = Path(tokenizer).expanduser()
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        return
+    if path.is_file() and (path.name == "tokenizer.json" or path.suffix.lower() == ".gguf"):
+        return
+    raise ValueError(
+        f"--tokenizer {tokenizer}: give a folder with tokenizer.json, a tokenizer.json file or "
+        "a .gguf file"
+    )
+
+
+def check_model_source(model: str | None, tokenizer: str | None = None) -> None:
+    """ValueError naming what is wrong with `--model` (and `--tokenizer`), checked without
+    loading anything."""
+    check_tokenizer_source(tokenizer)
     if model is None:
         return
     path = Path(model).expanduser()
@@ -44,6 +61,13 @@ def check_model_source(model: str | None) -> None:
         if not (path / "config.json").is_file():
             raise ValueError(
                 f"--model {model}: not a Hugging Face model folder (it has no config.json)"
+            )
+        if not any(path.glob("*.safetensors")):
+            raise ValueError(f"--model {model}: the folder has no *.safetensors weight files")
+        if tokenizer is None and not (path / "tokenizer.json").is_file():
+            raise ValueError(
+                f"--model {model}: the folder has no tokenizer.json; give --tokenizer PATH (a "
+                "folder with tokenizer.json, that file, or the GGUF file of the same model)"
             )
         return
     if path.suffix.lower() != ".gguf":

@@ -99,6 +99,11 @@ OPTIONS: tuple[Option, ...] = (
         "GGUF file or Hugging Face folder (default: embedded SmolLM2-135M)"
     ),
     Option(
+        "--tokenizer", E + "tokenizer", str, None,
+        "the tokenizer, for a model folder without one: a folder with tokenizer.json, that "
+        "file, or a GGUF file (default: the model's own)"
+    ),
+    Option(
         "--served-model-name", S + "served_model_names", str, "+",
         "name(s) clients use in `model` (default: the file or folder name, without a GGUF "
         "quantization tag such as .Q4_1)", to_field=tuple

@@ -46,6 +46,9 @@ KV_CACHE_DTYPES = {
 @dataclass(frozen=True)
 class EngineArgs:
     model: str | None = None  # None: the embedded default model
+    # Where the tokenizer comes from when not from the model itself (vLLM's --tokenizer): a
+    # folder with tokenizer.json, that file, or a GGUF file.
+    tokenizer: str | None = None
     device: str | None = None  # None: cuda if available, else cpu
     dtype: str | None = None  # None: bfloat16 on cuda, float32 on cpu
     # auto: the file's own precision (the embedded GGUF runs q4_1 / q8_0); none: float32;

@@ -108,7 +108,7 @@ def kv_cache_dtype(name: str, model) -> torch.dtype:
 
 def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
     bind_threads(args.cpu_threads)
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, args.tokenizer)
     device = args.device or default_device()
     resolved = resolve_defaults(args, device)  # the device-dependent defaults, in one place
     dtype = _DTYPES[resolved.dtype]

@@ -128,17 +128,32 @@ def read_gguf(
         name = hf_name(t.name)
         if name is not None:
             weights[name] = _tensor(t, name, n_heads, n_kv, cls.gguf_rope_permuted)
+    return config, weights, _tokenizer(reader, str(path))
+
+
+def _tokenizer(reader, where: str) -> ChatTokenizer:
+    if _field(reader, "tokenizer.ggml.model") != "gpt2":
+        raise ValueError(f"{where}: only byte-level BPE (gpt2) GGUF tokenizers are supported")
+    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
     tk = build_bpe_tokenizer(
         tokens,
         list(_field(reader, "tokenizer.ggml.merges") or []),
         list(_field(reader, "tokenizer.ggml.token_type")),
         str(_field(reader, "tokenizer.ggml.pre", "gpt2")),
     )
-    tokenizer = ChatTokenizer(
+    return ChatTokenizer(
         tk,
         chat_template=_field(reader, "tokenizer.chat_template"),
         bos_token=tokens[bos] if bos is not None else None,
         eos_token=tokens[eos] if eos is not None else None,
         add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
     )
-    return config, weights, tokenizer
+
+
+def gguf_tokenizer(path: Path) -> ChatTokenizer:
+    """The tokenizer (and chat template) a GGUF file carries, without reading its weights."""
+    import gguf
+
+    return _tokenizer(gguf.GGUFReader(str(path)), str(path))

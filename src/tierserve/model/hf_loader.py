@@ -62,7 +62,11 @@ def read_hf_config(folder: Path) -> ModelConfig:
     )
 
 
-def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], ChatTokenizer]:
+def read_hf_folder(
+    folder: Path, tokenizer_source: Path | None = None
+) -> tuple[ModelConfig, dict[str, torch.Tensor], ChatTokenizer]:
+    """`tokenizer_source`: where the tokenizer comes from when not from `folder` itself
+    (`--tokenizer`: a folder with tokenizer.json, that file, or a GGUF file)."""
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
     config = read_hf_config(folder)
@@ -75,6 +79,26 @@ def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], 
     # What the checkpoint holds (Qwen2's configs do not say it has q/k/v biases).
     has_bias = any(".self_attn." in k and k.endswith(".bias") for k in weights)
     config = dataclasses.replace(config, attention_bias=has_bias)
+    tokenizer = load_tokenizer(tokenizer_source or folder)
+    return config, weights, tokenizer
+
+
+def load_tokenizer(source: Path) -> ChatTokenizer:
+    """A tokenizer and its chat template from `source`: a folder holding tokenizer.json (and
+    tokenizer_config.json or chat_template.jinja), a tokenizer.json file (its folder's
+    tokenizer_config.json beside it), or a GGUF file (the tokenizer it carries)."""
+    if source.suffix.lower() == ".gguf":
+        from tierserve.model.gguf_loader import gguf_tokenizer
+
+        return gguf_tokenizer(source)
+    folder, file = (
+        (source, source / "tokenizer.json") if source.is_dir() else (source.parent, source)
+    )
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"{folder}: no tokenizer.json; give --tokenizer PATH (a folder with tokenizer.json, "
+            "that file, or a GGUF file)"
+        )
     tk_cfg_path = folder / "tokenizer_config.json"
     tk_cfg = json.loads(tk_cfg_path.read_text()) if tk_cfg_path.exists() else {}
     template = tk_cfg.get("chat_template")
@@ -84,10 +108,10 @@ def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], 
     if template is None and jinja.exists():
         template = jinja.read_text()
     tokenizer = ChatTokenizer(
-        Tokenizer.from_file(str(folder / "tokenizer.json")),
+        Tokenizer.from_file(str(file)),
         chat_template=template,
         bos_token=_token_text(tk_cfg.get("bos_token")),
         eos_token=_token_text(tk_cfg.get("eos_token")),
         add_bos=bool(tk_cfg.get("add_bos_token", False)),
     )
-    return config, weights, tokenizer
+    return tokenizer

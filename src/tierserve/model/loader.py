@@ -10,6 +10,7 @@ as float32. Later loads read the cache, one tensor at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -168,21 +169,31 @@ class _ConversionProgress:
             self.next_pct = (pct // 20 + 1) * 20
 
 
-def load_model(model: str | Path | None = None) -> LoadedModel:
+def load_model(model: str | Path | None = None, tokenizer: str | Path | None = None) -> LoadedModel:
     """Load `model` (None: the embedded default): float32 CPU tensors, and a GGUF file's
-    quantized ones as `QuantTensor`s (the model builder decides what each becomes)."""
+    quantized ones as `QuantTensor`s (the model builder decides what each becomes).
+    `tokenizer`: another source of the tokenizer (`--tokenizer`; see hf_loader.load_tokenizer)."""
+    source = Path(tokenizer).expanduser() if tokenizer else None
     if model is None:
-        return _load_gguf_cached(default_model_path())
+        return _with_tokenizer(_load_gguf_cached(default_model_path()), source)
     path = Path(model).expanduser()
     if path.is_dir():
         from tierserve.model.hf_loader import read_hf_folder
 
-        config, weights, tokenizer = read_hf_folder(path)
+        config, weights, tok = read_hf_folder(path, source)
         weights = {k: v.float() for k, v in weights.items()}
-        return LoadedModel(config, weights, tokenizer, str(path))
+        return LoadedModel(config, weights, tok, str(path))
     if path.suffix == ".gguf" and path.exists():
-        return _load_gguf_cached(path)
+        return _with_tokenizer(_load_gguf_cached(path), source)
     raise ModelNotFound(
         f"model {str(model)!r} not found: give a .gguf file or a Hugging Face model folder "
         "(config.json + *.safetensors + tokenizer.json); nothing is downloaded"
     )
+
+
+def _with_tokenizer(loaded: LoadedModel, source: Path | None) -> LoadedModel:
+    if source is None:
+        return loaded
+    from tierserve.model.hf_loader import load_tokenizer
+
+    return dataclasses.replace(loaded, tokenizer=load_tokenizer(source))

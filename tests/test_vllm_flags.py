@@ -1,0 +1,122 @@
+"""vLLM's `serve` flags (issue 42, item 1): each is taken with the same meaning, a different one,
+accepted without effect, or refused with one line naming what to use; hints never point at an
+unrelated flag; docs/api.md's table is the code's; `--tokenizer` serves a folder without one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tierserve import cli
+from tierserve.cli.serve import build_configs, merged_options
+from tierserve.cli.serve_vllm import (
+    ACCEPTED,
+    REFUSED,
+    VLLM_FLAGS,
+    closest_flag,
+    markdown_table,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse(*argv):
+    opts = merged_options(cli.build_parser().parse_args(["serve", *argv]))
+    return (*build_configs(opts), opts["_notes"])
+
+
+def run_cli(*argv) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tierserve", *argv], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_launch_flags_of_a_vllm_script_are_taken():
+    args, settings, notes = parse(
+        "--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--disable-log-requests", "--uvicorn-log-level", "warning",
+        "--generation-config", "vllm", "--chat-template-content-format", "auto",
+        "--pipeline-parallel-size", "1", "--swap-space", "2", "--enable-chunked-prefill",
+    )  # fmt: skip
+    assert args.enforce_eager and args.swap_space_gib == 2.0
+    assert settings.log_level == "warning"
+    assert any("--enable-auto-tool-choice" in n for n in notes)
+    assert any("--disable-log-requests" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--revision", "main"], "--revision: tierserve downloads nothing"),
+        (["--enable-lora", "--max-lora-rank", "16"], "LoRA adapters are not supported"),
+        (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size 2: not supported"),
+        (["--tool-call-parser", "mistral"], "--tool-call-parser mistral: not supported"),
+        (["--generation-config", "auto"], "no generation_config.json defaults"),
+        (["-dp", "2"], "use --replicas N"),
+        (["--tokenizer", "/nonexistent"], "--tokenizer /nonexistent: give a folder"),
+    ],
+)
+def test_a_vllm_flag_that_does_not_apply_is_one_line(argv, needle):
+    r = run_cli("serve", *argv)
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("tierserve serve: ") and needle in line, line
+
+
+def test_every_flag_in_the_table_parses_and_refused_ones_name_an_alternative():
+    parser = cli.build_parser()
+    serve = next(a for a in parser._actions if hasattr(a, "choices") and a.choices)
+    known = {s for a in serve.choices["serve"]._actions for s in a.option_strings}
+    for f in VLLM_FLAGS:
+        assert f.flag in known, f.flag  # ours, or added by the table: never "unrecognized"
+        if f.verdict == REFUSED:
+            assert f.note, f.flag
+        if f.verdict == ACCEPTED:
+            assert f.note, f.flag
+
+
+def test_hints_share_a_word_with_the_flag():
+    known = [s for a in cli.build_parser()._subparsers._group_actions[0].choices["serve"]._actions
+             for s in a.option_strings]  # fmt: skip
+    assert closest_flag("--max-num-batch-tokenz", known) == "--max-num-batched-tokens"
+    assert closest_flag("--tokenizr", known) == "--tokenizer"
+    assert closest_flag("--revison", known) == "--revision"
+    assert closest_flag("--quux-frobnicate", known) is None
+    for bad in ("--reversion", "--tokenise"):
+        hint = closest_flag(bad, known)
+        assert (
+            hint is None
+            or set(hint[2:].split("-")) & set(bad[2:].split("-"))
+            or (hint[2:5] == bad[2:5])
+        ), (bad, hint)
+
+
+def test_the_docs_table_is_the_codes():
+    text = (ROOT / "docs" / "api.md").read_text()
+    start = text.index("<!-- vllm-flags")
+    block = text[text.index("\n", start) + 1 : text.index("<!-- /vllm-flags -->")].strip()
+    assert block == markdown_table()
+
+
+def test_a_model_folder_without_a_tokenizer(tmp_path):
+    from tests.test_architectures import save_tiny
+    from tierserve import LLM, SamplingParams
+
+    folder = tmp_path / "m"
+    save_tiny(folder, "LlamaForCausalLM")
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).rename(tok / name)
+    r = run_cli("serve", "--model", str(folder))
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert "no tokenizer.json; give --tokenizer PATH" in line
+    llm = LLM(model=str(folder), tokenizer=str(tok), kv_cache_gib=0.01)
+    (out,) = llm.generate(["w3 w4"], SamplingParams(max_tokens=3, temperature=0))
+    assert len(out.token_ids) == 3 and out.error is None
+    assert json.loads((tok / "tokenizer_config.json").read_text())["eos_token"] == "w1"
