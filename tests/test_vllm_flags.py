@@ -120,3 +120,29 @@ def test_a_model_folder_without_a_tokenizer(tmp_path):
     (out,) = llm.generate(["w3 w4"], SamplingParams(max_tokens=3, temperature=0))
     assert len(out.token_ids) == 3 and out.error is None
     assert json.loads((tok / "tokenizer_config.json").read_text())["eos_token"] == "w1"
+
+
+def test_a_bad_simulate_argument_is_one_line():
+    r = run_cli("simulate", "--replicas", "2", "--sla-admission", "on", "--duration", "20")
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert line == (
+        "tierserve simulate: --warmup 150 s must be shorter than --duration 20 s "
+        "(what is measured is the rest)"
+    )
+
+
+def test_each_active_feature_has_a_start_up_line():
+    from tierserve.server import feature_lines
+
+    args, _, _ = parse(
+        "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}',
+        "--predictive", "order", "ttft", "--sla-admission", "on", "--no-prefix-caching",
+    )  # fmt: skip
+    lines = feature_lines(args)
+    assert lines[0].startswith("speculative decoding: n-gram lookup, up to 3 drafts, for P0, P1")
+    assert "predictive scheduling: order, ttft" in lines
+    assert any(x.startswith("SLA admission: on (margin 0.8; TTFT targets P0 0.5 s") for x in lines)
+    assert "prefix caching: off" in lines
+    plain, _, _ = parse("--prefix-retention", "0", "0", "0", "0")
+    assert feature_lines(plain) == []

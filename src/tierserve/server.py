@@ -116,6 +116,34 @@ def startup_line(state: ServerState, args: EngineArgs, threads: ThreadChoice) ->
     )
 
 
+def feature_lines(args: EngineArgs) -> list[str]:
+    """One start-up line for each feature that changes what a request meets, when it is on
+    (issue 42: speculation was on with nothing to show it)."""
+    out = []
+    spec = args.speculative_config
+    if spec is not None:
+        drafter = f"draft model {spec.model}" if spec.method == "draft_model" else "n-gram lookup"
+        classes = ", ".join(f"P{c}" for c in spec.classes)
+        out.append(
+            f"speculative decoding: {drafter}, up to {spec.num_speculative_tokens} drafts, "
+            f"for {classes} whenever it pays (the others only alone)"
+        )
+    if args.predictive:
+        out.append(f"predictive scheduling: {', '.join(args.predictive)}")
+    adm = args.admission
+    if adm.sla_admission:
+        slas = ", ".join(
+            f"P{i} {s:g} s" for i, s in enumerate(args.priorities.ttft_sla_s) if s is not None
+        )
+        out.append(f"SLA admission: on (margin {adm.sla_margin:g}; TTFT targets {slas})")
+    if any(args.prefix_retention):
+        kept = " ".join(f"{r:g}" for r in args.prefix_retention)
+        out.append(f"prefix-cache retention by class P0..P3: {kept} (pools beyond LRU)")
+    if not args.enable_prefix_caching:
+        out.append("prefix caching: off")
+    return out
+
+
 def uvicorn_config(app, settings: ServerSettings) -> uvicorn.Config:
     """uvicorn's settings for `app`: the address, the slow-client limits (api/connection.py),
     and a graceful-shutdown timeout later than our own drain's deadline."""
@@ -188,6 +216,8 @@ def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | 
         log.error("%s", exc)
         return EXIT_BAD_SETTINGS
     log.info("%s", startup_line(state, args, threads))
+    for line in feature_lines(args):
+        log.info("%s", line)
     mode = state.tenants.mode
     if settings.tenants_file and settings.api_key:
         log.warning("--api-key (or $TIERSERVE_API_KEY) is ignored: the tenants file has the keys")

@@ -216,6 +216,13 @@ def simulate(args: argparse.Namespace) -> int:
         return 2
     try:
         engine_opts = predictive_fields(args.predictive)
+        if args.scenario == "custom":
+            if args.warmup >= args.duration:
+                raise ValueError(
+                    f"--warmup {args.warmup:g} s must be shorter than --duration "
+                    f"{args.duration:g} s (what is measured is the rest)"
+                )
+            workload_config(args)  # its own checks, as one line
     except ValueError as exc:
         print(f"tierserve simulate: {exc}", file=sys.stderr)
         return 2
