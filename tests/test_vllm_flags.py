@@ -146,3 +146,17 @@ def test_each_active_feature_has_a_start_up_line():
     assert "prefix caching: off" in lines
     plain, _, _ = parse("--prefix-retention", "0", "0", "0", "0")
     assert feature_lines(plain) == []
+
+
+def test_serve_help_is_grouped_and_every_option_is_in_one_group():
+    from tierserve.cli.serve import GROUPS
+    from tierserve.cli.serve_options import OPTIONS
+
+    grouped = [f for flags in GROUPS.values() for f in flags]
+    assert sorted(grouped) == sorted(o.flag for o in OPTIONS)  # each once, none left out
+    text = run_cli("serve", "--help").stdout
+    text = text[text.index("\noptions:") :]  # (past the usage line)
+    heads = [f"{title}:" for title in GROUPS]
+    positions = [text.index(h) for h in heads]
+    assert positions == sorted(positions)
+    assert text.index("--tokenizer") < text.index("server:") < text.index("--port")

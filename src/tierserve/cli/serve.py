@@ -92,13 +92,56 @@ def read_config_file(path: str) -> dict:
     return opts
 
 
+# `serve --help` in groups, in this order (vLLM's: the model, then the server, ...); every
+# option is in exactly one (tests/test_serve_cli.py).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "model and precision": (
+        "--model", "--tokenizer", "--served-model-name", "--device", "--dtype", "--quantization",
+        "--activations", "--chat-template", "--seed",
+    ),
+    "server": (
+        "--host", "--port", "--api-key", "--tenants", "--default-max-tokens",
+        "--max-request-bytes", "--shutdown-grace-s", "--header-timeout-s", "--body-timeout-s",
+        "--max-connections", "--cpu-threads", "--enforce-eager",
+    ),
+    "memory and the KV cache": (
+        "--max-model-len", "--block-size", "--kv-cache-gib", "--gpu-memory-utilization",
+        "--num-kv-blocks", "--kv-cache-dtype", "--swap-space-gib", "--no-prefix-caching",
+        "--prefix-retention", "--p0-floor-min", "--p0-floor-max", "--p0-ceiling", "--p1-reserve",
+        "--borrowers", "--no-adaptive-floor",
+    ),
+    "scheduling and classes": (
+        "--policy", "--max-num-seqs", "--max-num-batched-tokens", "--ttft-sla", "--drr-weights",
+        "--wfq-weights", "--aging-thresholds", "--no-aging", "--no-tenant-fairness",
+        "--preemption-mode", "--swap-cost-ratio", "--p0-express", "--p0-cut-in",
+        "--step-time-fraction", "--p0-step-time-fraction", "--p0-calm-fraction",
+    ),
+    "admission": (
+        "--sla-admission", "--sla-margin", "--reject-on-sla-miss", "--max-queued-requests",
+        "--max-queued-tokens", "--rate-limit", "--burst", "--p0-rate-reserve",
+        "--tenant-rate-limit", "--tenant-burst", "--no-shed",
+    ),
+    "speculation and prediction": ("--speculative-config", "--speculative-model", "--predictive"),
+    "scale-out": (
+        "--replicas", "--max-replicas", "--ray-address", "--router", "--prefix-margin-tokens",
+        "--ingress-queue",
+    ),
+    "batch API": ("--batch-db", "--files-dir", "--batch-window"),
+    "observability": ("--log-level",),
+}  # fmt: skip
+
+
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file with any of these settings (underscored names)")
-    for o in OPTIONS:
-        if o.switch:
-            p.add_argument(o.flag, action="store_true", default=None, help=o.help)
-        else:
-            p.add_argument(o.flag, type=o.type, nargs=o.nargs, default=None, help=o.help)
+    by_flag = {o.flag: o for o in OPTIONS}
+    for title, flags in GROUPS.items():
+        g = p.add_argument_group(title)
+        for flag in flags:
+            o = by_flag[flag]
+            if o.switch:
+                g.add_argument(o.flag, action="store_true", default=None, help=o.help)
+            else:
+                g.add_argument(o.flag, type=o.type, nargs=o.nargs, default=None, help=o.help)
     add_vllm_arguments(p)
 
 
