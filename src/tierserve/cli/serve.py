@@ -11,6 +11,7 @@ closest known one. CLI-only: `--config` itself and vLLM's positional MODEL (`CLI
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, create_model
@@ -89,6 +90,25 @@ def read_config_file(path: str) -> dict:
             opts[key] = typ(v)
         else:
             opts[key] = [typ(x) for x in (v if isinstance(v, list) else [v])]
+    return _paths_from(Path(path).expanduser().resolve().parent, opts)
+
+
+# A config file's keys that name files: a relative one is read from the file's own folder (so
+# `--config /etc/tierserve/config.yaml` finds `tenants: tenants.yaml` beside it from anywhere).
+PATH_KEYS = ("model", "tokenizer", "speculative_model", "tenants", "chat_template", "files_dir",
+             "batch_db")  # fmt: skip
+
+
+def _paths_from(folder: Path, opts: dict) -> dict:
+    for key in PATH_KEYS:
+        value = opts.get(key)
+        if not isinstance(value, str) or value in ("off", "") or "://" in value:
+            continue  # (--batch-db off, or an SQLAlchemy URL)
+        if key == "chat_template" and "{" in value:
+            continue  # (a template given inline)
+        p = Path(value).expanduser()
+        if not p.is_absolute():
+            opts[key] = str(folder / p)
     return opts
 
 
