@@ -160,3 +160,49 @@ def test_serve_help_is_grouped_and_every_option_is_in_one_group():
     positions = [text.index(h) for h in heads]
     assert positions == sorted(positions)
     assert text.index("--tokenizer") < text.index("server:") < text.index("--port")
+
+
+@pytest.mark.model
+def test_the_port_opens_first_and_health_says_starting(tmp_path):
+    """issue 42, item 2: `/health` answers 503 "starting" with the stage while the engine is
+    built, then 200; the start-up log names each active feature."""
+    import signal
+    import time
+
+    import httpx
+
+    from tests.server_utils import free_port
+
+    port, log = free_port(), tmp_path / "serve.log"
+    cmd = ["serve", "--port", str(port), "--kv-cache-gib", "0.1", "--sla-admission", "on",
+           "--speculative-config", '{"method": "ngram"}']  # fmt: skip
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tierserve", *cmd], stdout=out, stderr=subprocess.STDOUT
+        )
+    seen = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+            except httpx.HTTPError:
+                assert proc.poll() is None, log.read_text()
+                time.sleep(0.02)
+                continue
+            seen.append((r.status_code, r.json()))
+            if r.status_code == 200:
+                break
+            time.sleep(0.02)
+        starting = [body for code, body in seen if code == 503]
+        assert seen[-1] == (200, {"status": "ok"}), seen[-3:]
+        assert starting and all(b["status"] == "starting" and b["stage"] for b in starting)
+        assert {code for code, _ in seen} == {503, 200}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert "speculative decoding: n-gram lookup" in text and "SLA admission: on" in text
+    assert "ready in " in text

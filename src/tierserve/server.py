@@ -13,6 +13,9 @@ import logging
 import math
 import os
 import signal
+import sys
+import threading
+import time
 from dataclasses import replace
 from functools import partial
 
@@ -23,6 +26,7 @@ from tierserve.api.app import create_app
 from tierserve.api.connection import guarded_protocol
 from tierserve.api.drain import FLUSH_S, drain
 from tierserve.api.settings import ServerSettings
+from tierserve.api.starting import StartingGate
 from tierserve.api.state import ServerState
 from tierserve.api.tenancy import TenantRegistry, tenant_registry
 from tierserve.batch.routes import mount_batch
@@ -43,6 +47,7 @@ from tierserve.host.memory import fix_mmap_threshold, freeze_heap
 from tierserve.host.threads import ThreadChoice, choose_threads
 from tierserve.metrics import Metrics
 from tierserve.model.loader import ModelNotFound
+from tierserve.model.registry import UnsupportedArchitecture
 
 log = logging.getLogger("tierserve.server")
 
@@ -61,9 +66,11 @@ def build_state(
     settings: ServerSettings,
     built: BuiltEngine | None = None,
     tenants: TenantRegistry | None = None,
+    on_stage=None,
 ) -> ServerState:
     tenants = tenant_registry(settings) if tenants is None else tenants
-    built = built or build_engine_off_main(args)  # the engine thread's team stays alone
+    if built is None:  # (off the main thread: the engine thread's team stays alone)
+        built = build_engine_off_main(args, on_stage=on_stage or (lambda _text: None))
     core = built.engine
     sched = core.scheduler
     metrics = Metrics(args.priorities, settings.served_model_names[0], tenants.tenants)
@@ -163,16 +170,23 @@ class _Server(uvicorn.Server):
     """uvicorn, draining our way: `drain` runs beside uvicorn's graceful shutdown and ends what
     is left at the grace deadline, before uvicorn's own (later) timeout would cancel it."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServerState | None = None) -> None:
         super().__init__(config)
-        self._state = state
+        self._state = state  # (None while the engine is still being built)
         self.requests_cut = 0
 
+    def attach(self, state: ServerState) -> None:
+        self._state = state
+
     def handle_exit(self, sig, frame) -> None:
-        self._state.draining = True  # from this instant new requests get 503 + Retry-After
+        if self._state is not None:
+            self._state.draining = True  # from this instant new requests get 503 + Retry-After
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets=None) -> None:
+        if self._state is None:  # stopped while starting: nothing is in flight
+            await super().shutdown(sockets)
+            return
         task = asyncio.create_task(drain(self._state, self._state.settings.shutdown_grace_s))
         try:
             await super().shutdown(sockets)
@@ -199,6 +213,18 @@ def _memory_settings() -> None:
         log.info("glibc mmap threshold fixed at %d MiB", mib)
 
 
+def _progress_lines(gate: StartingGate, server: uvicorn.Server, every_s: float = 5.0) -> None:
+    """A log line every `every_s` seconds while the engine is being built."""
+
+    def beat() -> None:
+        while not server.should_exit and gate.app is None and gate.error is None:
+            time.sleep(every_s)
+            if gate.app is None and gate.error is None and not server.should_exit:
+                log.info("starting (%.0f s): %s", gate.elapsed_s, gate.stage)
+
+    threading.Thread(target=beat, name="tierserve-start-progress", daemon=True).start()
+
+
 def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | None = None) -> int:
     """Run until SIGTERM/SIGINT; return the exit status (0, or EXIT_REQUESTS_CUT)."""
     logging.basicConfig(
@@ -209,30 +235,55 @@ def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | 
     if threads.warning():
         log.warning("%s", threads.warning())
     args = replace(args, cpu_threads=threads.threads)
-    try:
-        state = build_state(args, settings, tenants=tenants)
-    except (ModelNotFound, BadDraftModel) as exc:  # found only now (the embedded model's
-        # package missing, a draft model that cannot serve this one)
-        log.error("%s", exc)
-        return EXIT_BAD_SETTINGS
-    log.info("%s", startup_line(state, args, threads))
-    for line in feature_lines(args):
-        log.info("%s", line)
-    mode = state.tenants.mode
-    if settings.tenants_file and settings.api_key:
-        log.warning("--api-key (or $TIERSERVE_API_KEY) is ignored: the tenants file has the keys")
-    if mode == "open":
-        log.warning("single-tenant mode: no tenants file and no API key; anyone may use any tier")
-    else:
-        log.info("auth mode: %s (%d tenants)", mode, len(state.tenants.tenants))
-    config = uvicorn_config(build_app(state), settings)
+    status: list[int] = []  # the exit status of a start that failed
+    why: list[str] = []  # and its one line, for bad settings
+
+    def build(stage):  # on a worker thread, behind the open port (api/starting.py)
+        state = build_state(args, settings, tenants=tenants, on_stage=stage)
+        log.info("%s", startup_line(state, args, threads))
+        for line in feature_lines(args):
+            log.info("%s", line)
+        mode = state.tenants.mode
+        if settings.tenants_file and settings.api_key:
+            log.warning(
+                "--api-key (or $TIERSERVE_API_KEY) is ignored: the tenants file has the keys"
+            )
+        if mode == "open":
+            log.warning(
+                "single-tenant mode: no tenants file and no API key; anyone may use any tier"
+            )
+        else:
+            log.info("auth mode: %s (%d tenants)", mode, len(state.tenants.tenants))
+        server.attach(state)
+        app = build_app(state)
+        freeze_heap()
+        return app
+
+    def failed(exc: BaseException) -> None:
+        if isinstance(exc, ModelNotFound | BadDraftModel | UnsupportedArchitecture):
+            # found only now (the embedded model's package missing, a draft model that cannot
+            # serve this one, an architecture not in the registry): one line, as the last
+            status.append(EXIT_BAD_SETTINGS)
+            why.append(str(exc))
+        else:
+            log.error("the engine could not start", exc_info=exc)
+            status.append(1)
+        server.should_exit = True
+
+    gate = StartingGate(build)
+    gate.on_failure = failed
+    config = uvicorn_config(gate, settings)
     # After its graceful shutdown uvicorn re-raises the signal under the handler installed
     # before it: make that a no-op, so that the exit status is the one returned here.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _sig, _frame: None)
-    server = _Server(config, state)
-    freeze_heap()
+    server = _Server(config)
+    _progress_lines(gate, server)
     server.run()
+    if why:
+        print(f"tierserve serve: {why[0]}", file=sys.stderr, flush=True)
+    if status:
+        return status[0]
     if server.requests_cut:
         log.warning(
             "exiting with status %d: %d request(s) cut", EXIT_REQUESTS_CUT, server.requests_cut

@@ -118,14 +118,9 @@ def _serve(args: argparse.Namespace) -> int:
         from tierserve.cluster.launch import serve_cluster
 
         return serve_cluster(engine_args, settings, cluster)
-    from tierserve.model.registry import UnsupportedArchitecture
     from tierserve.server import serve  # torch: only once the settings are known to be good
 
-    try:
-        return serve(engine_args, settings, tenants)
-    except UnsupportedArchitecture as exc:  # the model cannot be served
-        print(f"tierserve serve: {exc}", file=sys.stderr)
-        return 2
+    return serve(engine_args, settings, tenants)  # (a model it cannot serve: one line, 2)
 
 
 def _run_batch(args: argparse.Namespace) -> int:

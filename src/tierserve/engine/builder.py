@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -106,9 +107,18 @@ def kv_cache_dtype(name: str, model) -> torch.dtype:
     return model.dtype if chosen is None else _DTYPES[chosen]
 
 
-def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
+def _no_stage(text: str) -> None:
+    pass
+
+
+def build_engine(
+    args: EngineArgs, clock: Clock | None = None, on_stage: Callable[[str], None] = _no_stage
+) -> BuiltEngine:
+    """`on_stage(text)` hears what the build is doing (the server's start-up progress)."""
     bind_threads(args.cpu_threads)
+    on_stage("loading the model")
     loaded = load_model(args.model, args.tokenizer)
+    on_stage("building the model (a first start compiles the CPU kernels: about a minute)")
     device = args.device or default_device()
     resolved = resolve_defaults(args, device)  # the device-dependent defaults, in one place
     dtype = _DTYPES[resolved.dtype]
@@ -160,6 +170,7 @@ def build_engine(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
             activations=args.activations,
             kv_dtype=model.kv_dtype,
         )
+    on_stage("measuring the step paths (a first start on this machine times them)")
     executor = TorchExecutor(
         model,
         num_blocks,
@@ -243,7 +254,9 @@ def save_predictor(built: BuiltEngine) -> None:
         log.warning("could not save the predictor's state: %s", exc)
 
 
-def build_engine_off_main(args: EngineArgs, clock: Clock | None = None) -> BuiltEngine:
+def build_engine_off_main(
+    args: EngineArgs, clock: Clock | None = None, on_stage: Callable[[str], None] = _no_stage
+) -> BuiltEngine:
     """`build_engine` on a short-lived thread, for an engine that will step on its own thread.
 
     libgomp spins between parallel regions only while the threads it manages (every team's
@@ -258,7 +271,7 @@ def build_engine_off_main(args: EngineArgs, clock: Clock | None = None) -> Built
 
     def build() -> None:
         try:
-            box["built"] = build_engine(args, clock)
+            box["built"] = build_engine(args, clock, on_stage)
         except BaseException as exc:  # re-raised on the caller's thread
             box["error"] = exc
 
