@@ -206,3 +206,21 @@ def test_the_port_opens_first_and_health_says_starting(tmp_path):
     text = log.read_text()
     assert "speculative decoding: n-gram lookup" in text and "SLA admission: on" in text
     assert "ready in " in text
+
+
+def test_bench_engine_takes_a_model_of_your_own(tmp_path):
+    """issue 42, item 4: "how fast is it on my machine with my model" has a command."""
+    from tests.test_architectures import save_tiny
+
+    r = run_cli("bench-engine", "--model", str(tmp_path / "nothing"))
+    assert r.returncode == 2 and "--model" in r.stderr.strip().splitlines()[-1]
+    save_tiny(tmp_path / "m", "LlamaForCausalLM")
+    r = subprocess.run(
+        [sys.executable, "-m", "tierserve", "bench-engine", "--model", str(tmp_path / "m"),
+         "--concurrency", "1", "--rounds", "1", "--prompt-len", "8", "--output-len", "4",
+         "--no-transformers"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("model ")
+    assert "tierserve" in r.stdout

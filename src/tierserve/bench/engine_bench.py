@@ -162,11 +162,16 @@ def run_engine_bench(
     quantization: str = "auto",
     activations: str = "auto",
     max_num_batched_tokens: int = 2048,
+    model: str | None = None,
+    tokenizer: str | None = None,
 ) -> tuple[list[BenchRow], dict]:
+    """`model` (a GGUF file or model folder; None: the embedded model) and its `tokenizer`."""
     from tierserve.model.loader import load_model
 
     built = build_engine(
         EngineArgs(
+            model=model,
+            tokenizer=tokenizer,
             kv_cache_gib=1.0,
             max_num_seqs=max(concurrencies),
             max_num_batched_tokens=max_num_batched_tokens,
@@ -176,7 +181,11 @@ def run_engine_bench(
         )
     )
     rows = []
-    hf = build_hf(built.model_config, load_model().state_dict()) if with_transformers else None
+    hf = (
+        build_hf(built.model_config, load_model(model, tokenizer).state_dict())
+        if with_transformers
+        else None
+    )
     for n in concurrencies:
         rows.append(run_tierserve(built, n, rounds, prompt_len, out_len))
         if hf is not None:

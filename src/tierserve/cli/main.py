@@ -32,7 +32,13 @@ def _bench_sched(args: argparse.Namespace) -> int:
 
 def _bench_engine(args: argparse.Namespace) -> int:
     from tierserve.bench.engine_bench import format_report, run_engine_bench
+    from tierserve.cli.serve_model import check_model_source
 
+    try:
+        check_model_source(args.model, args.tokenizer)
+    except ValueError as exc:
+        print(f"tierserve bench-engine: {exc}", file=sys.stderr)
+        return 2
     rows, info = run_engine_bench(
         tuple(args.concurrency),
         args.rounds,
@@ -43,6 +49,8 @@ def _bench_engine(args: argparse.Namespace) -> int:
         quantization=args.quantization,
         activations=args.activations,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        model=args.model,
+        tokenizer=args.tokenizer,
     )
     print(format_report(rows, info))
     return 0
@@ -172,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_bench_policy)
 
     b = sub.add_parser("bench-engine", help="real engine throughput beside transformers' generate")
+    b.add_argument("--model", help="a GGUF file or model folder (default: the embedded model)")
+    b.add_argument("--tokenizer", help="as serve's --tokenizer, for a folder without one")
     b.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     b.add_argument("--rounds", type=int, default=2, help="requests per client")
     b.add_argument("--prompt-len", type=int, default=128)
