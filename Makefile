@@ -10,7 +10,7 @@ PORT   ?= 8000
 # The CPU wheel on local disk by default; on a machine with an NVIDIA GPU: make setup TORCH=torch
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup run test test-fast lint fmt bench clean
+.PHONY: setup run test test-fast lint fmt bench clean sim-reports
 
 setup: $(STAMP) $(KSTAMP)
 
@@ -49,3 +49,9 @@ fmt: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+# Every committed simulation report in docs/sim/, from the committed code (docs/sim/COMMANDS;
+# the seed table and the fleets take minutes each).
+sim-reports: setup
+	grep -v '^#' docs/sim/COMMANDS | while read -r dir args; do \
+	  $(VENV)/bin/tierserve simulate $$args --out docs/sim/$$dir || exit 1; done
