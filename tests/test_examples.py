@@ -89,3 +89,29 @@ def test_unit_parser_rejects_what_systemd_would(tmp_path):
     bad.write_text("[Service]\nExecStart /bin/true\n")
     with pytest.raises(AssertionError, match="cannot parse"):
         systemd_unit(bad)
+
+
+@pytest.mark.model
+def test_the_readmes_first_example_answers_right():
+    """issue 42, item 7: the README's curl, sent as written to a server at the defaults."""
+    import json
+    import re
+
+    import httpx
+
+    from tests.server_utils import running_server, small_engine_args
+    from tierserve.engine.builder import build_engine
+
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    body = json.loads(re.search(r"-d '(\{.*?\})'", readme, re.S).group(1))
+    answer = re.search(r"answers `([^`]+)`", readme).group(1)
+    args = small_engine_args(activations="auto")  # the default precision of this CPU
+    with running_server(build_engine(args)) as (url, _):
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json=body,
+            headers={"x-request-tier": "realtime"},
+            timeout=120,
+        )
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == answer
