@@ -48,6 +48,12 @@ for mode in capture off; do
   echo "rc=$?" >> "$W/steps_$mode.log"; tail -6 "$W/steps_$mode.log"; pack
 done
 
+if [ -z "${SMALL:-}" ]; then
+  say "attention: the Triton kernel against the PyTorch reference"
+  timeout 120 $PY benchmarks/gpu/attention_bench.py > "$W/attention.json" 2> "$W/attention.log"
+  echo "rc=$?" >> "$W/attention.log"; cat "$W/attention.json"; pack
+fi
+
 say "serve + bench serve"
 PORT=${PORT:-8011}
 $PY -m tierserve serve "$M" --device $DEV --port $PORT $SERVE > "$W/serve.log" 2>&1 &

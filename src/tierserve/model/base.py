@@ -73,7 +73,7 @@ class CausalLM(ABC):
             self.kernels = _kernels.get()
         if kernels and self.kernels is None:
             raise RuntimeError("kernels=True, but the compiled kernels do not apply or load")
-        self.torch_attention = TorchPagedAttention()
+        self.torch_attention = _torch_attention(self.device)
         self.kernel_attention = KernelPagedAttention(self.kernels) if self.kernels else None
         # Called between two decoder layers of every forward (not after the last): the engine's
         # cut-in point, where a step for a newly arrived P0 request may run while this one
@@ -137,3 +137,14 @@ class CausalLM(ABC):
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         c = self.config
         return (c.num_kv_heads, num_blocks, block_size, c.head_dim)
+
+
+def _torch_attention(device: torch.device) -> TorchPagedAttention:
+    """On CUDA, decodes read their blocks in place through the Triton kernel where Triton is
+    (model/attention/triton_paged.py); elsewhere the PyTorch reference."""
+    if device.type == "cuda":
+        from tierserve.model.attention.triton_paged import TritonPagedAttention, triton_available
+
+        if triton_available():
+            return TritonPagedAttention()
+    return TorchPagedAttention()
