@@ -10,7 +10,7 @@ from tierserve.engine import builder
 def test_build_runs_on_a_thread_that_is_gone_when_the_engine_starts(monkeypatch):
     seen = []
 
-    def fake_build(args, clock=None):
+    def fake_build(args, clock=None, on_stage=None):
         seen.append(threading.current_thread())
         return ("built", args, clock)
 
@@ -23,7 +23,7 @@ def test_build_runs_on_a_thread_that_is_gone_when_the_engine_starts(monkeypatch)
 
 
 def test_a_failed_build_raises_on_the_callers_thread(monkeypatch):
-    def fake_build(args, clock=None):
+    def fake_build(args, clock=None, on_stage=None):
         raise FileNotFoundError("no such model: nowhere.gguf")
 
     monkeypatch.setattr(builder, "build_engine", fake_build)

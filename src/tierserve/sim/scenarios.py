@@ -181,6 +181,7 @@ class Progress:
         self.tty = self.stream.isatty()
         self.t0 = time.perf_counter()
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # a heartbeat never lands after the last run's line
         self._beat: threading.Thread | None = None
         if not self.tty and heartbeat_s > 0:
             self._beat = threading.Thread(
@@ -193,7 +194,10 @@ class Progress:
 
     def _heartbeat(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
-            self._line(f"{self.done}/{self.total} runs done, still running")
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self._line(f"{self.done}/{self.total} runs done, still running")
 
     def _line(self, text: str) -> None:
         self.stream.write(f"simulate: {text} ({self._elapsed():.0f} s)\n")
@@ -202,9 +206,10 @@ class Progress:
     def step(self, label: str) -> None:
         self.done += 1
         if not self.tty:
-            self._line(f"run {self.done}/{self.total} done: {label}")
-            if self.done == self.total:
-                self.close()
+            with self._lock:
+                self._line(f"run {self.done}/{self.total} done: {label}")
+                if self.done == self.total:
+                    self._stop.set()
             return
         width = 30
         fill = int(width * self.done / self.total)
