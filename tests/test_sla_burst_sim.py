@@ -1,5 +1,6 @@
-"""Issue 46's burst probe in the simulator (sim/burst.py; benchmarks/simulation/sla_burst_sim.py prints
-it): requests sent at the same moment to the CPU engine's step times."""
+"""Issue 46's burst probe in the simulator (sim/burst.py;
+benchmarks/simulation/sla_burst_sim.py prints it): requests sent at the same moment to the
+CPU engine's step times."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Issue 46's burst probe in the simulator: `n` requests of one class (or a shuffled mix) sent
 at the same moment to the CPU engine's step times (sim/promise.py's `CPU`), SLA admission on or
 off. Reports how many were admitted and how many of those had their first token within the
-class's SLA. Deterministic: the tests assert on it and `benchmarks/simulation/sla_burst_sim.py` prints it.
+class's SLA. Deterministic: the tests assert on it and
+`benchmarks/simulation/sla_burst_sim.py` prints it.
 """
 
 from __future__ import annotations
