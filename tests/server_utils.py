@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -16,13 +15,8 @@ from tierserve.api.settings import ServerSettings
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.builder import BuiltEngine
 from tierserve.host.memory import freeze_heap
+from tierserve.loadgen.server import free_port
 from tierserve.server import build_app, build_state, uvicorn_config
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

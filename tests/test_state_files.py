@@ -7,15 +7,11 @@ no traceback."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
-from tests.server_utils import free_port
+from tierserve.loadgen.server import start_server, stop_server
 
 
 @pytest.mark.model
@@ -25,27 +21,14 @@ def test_a_damaged_predictor_state_and_batch_database_do_not_stop_the_server(tmp
     bad_db = tmp_path / "batch.db"
     junk = b"this is not an SQLite database\n" * 100
     bad_db.write_bytes(junk)
-    port, log = free_port(), tmp_path / "serve.log"
+    log = tmp_path / "serve.log"
     env = {
-        **os.environ,
         "TIERSERVE_PREDICTOR_STATE": str(state),
         "TIERSERVE_CACHE_DIR": os.environ.get("TIERSERVE_CACHE_DIR", str(tmp_path / "cache")),
     }
-    cmd = ["serve", "--port", str(port), "--kv-cache-gib", "0.1", "--batch-db", str(bad_db)]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tierserve", *cmd], stdout=out, stderr=subprocess.STDOUT, env=env
-        )
-    url = f"http://127.0.0.1:{port}"
+    args = ["--kv-cache-gib", "0.1", "--batch-db", str(bad_db)]
+    proc, url = start_server(args, log=log, env=env, timeout_s=120)
     try:
-        for _ in range(480):
-            try:
-                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.25)
         chat = httpx.post(
             f"{url}/v1/chat/completions",
             json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
@@ -57,11 +40,8 @@ def test_a_damaged_predictor_state_and_batch_database_do_not_stop_the_server(tmp
             assert r.status_code == 503, (path, r.text)
             err = r.json()["error"]
             assert err["code"] == "batch_unavailable" and str(bad_db) in err["message"]
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop_server(proc)  # SIGTERM, then SIGKILL after 60 s
     text = log.read_text()
     assert "Traceback" not in text, text[-3000:]
     (warn,) = [x for x in text.splitlines() if "predictor state" in x]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_serve_start import run_cli
 from tierserve import cli
 from tierserve.cli.serve import build_configs, merged_options
 from tierserve.cli.serve_vllm import (
@@ -27,12 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def parse(*argv):
     opts = merged_options(cli.build_parser().parse_args(["serve", *argv]))
     return (*build_configs(opts), opts["_notes"])
-
-
-def run_cli(*argv) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tierserve", *argv], capture_output=True, text=True, timeout=60
-    )
 
 
 def test_the_launch_flags_of_a_vllm_script_are_taken():
