@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tierserve.core.step_time import StepCoefficients, StepWork, TimeBudget
+from tierserve.core.step_time import PREFILL_SHARE, StepCoefficients, StepWork, TimeBudget
 from tierserve.priority import NUM_PRIORITIES
 
 _ZERO = (0,) * NUM_PRIORITIES
@@ -124,3 +124,44 @@ class EngineShape:
         d = min(self.max_num_seqs, self.decodes + max(0, ahead))
         seconds = self.step_seconds(d)
         return self._prefill_tokens(d) / seconds if seconds > 0 else None
+
+    def express_seconds(
+        self, requests_ahead: int, tokens_ahead: int, own: int, share: float
+    ) -> float | None:
+        """Seconds of steps until the first token of a request of the class served first (P0
+        under hybrid: its prompts go before every other class's, in express steps of their
+        own), with `requests_ahead` of its class (`tokens_ahead` prompt tokens) before it and
+        `own` prompt tokens, of which the engine computes `share` (the rest is in the prefix
+        cache). The steps are walked as the scheduler builds them: each takes as many of the
+        waiting prompts as fit its time bound (at least one) beside the decodes of those
+        prefilled before, and a prompt's first token comes at the end of the step that
+        finishes it, so a burst's first tokens come together, step after step. None before
+        the step-time model is calibrated."""
+        if not self.coef.calibrated:
+            return None
+        coef = self.coef
+        mean = tokens_ahead / requests_ahead if requests_ahead > 0 else float(own)
+
+        def prefill(prompt: float) -> tuple[float, int]:
+            """One prompt's time in a step (no overhead) and its computed tokens."""
+            m = max(1, round(share * prompt))
+            c = max(0, round(prompt) - m)
+            return coef.seconds(StepWork.chunk(m, c, 1), with_overhead=False), m
+
+        each, each_tokens = prefill(mean)
+        mine, _ = prefill(own)
+        overhead = coef.coef[0]
+        left, decodes, t = requests_ahead, 0, 0.0
+        while True:
+            ctx = decodes * (mean + 1)
+            work = StepWork(decodes, decodes, int(ctx), ctx, decodes)
+            dec = coef.seconds(work, with_overhead=False)
+            fit = max(1, (self.token_budget - decodes) // max(1, each_tokens))
+            if self.bound_s is not None and each > 0:
+                room = max(PREFILL_SHARE * self.bound_s, self.bound_s - overhead - dec)
+                fit = min(fit, max(1, int(room / each)))
+            if left < fit:  # its own prompt goes in this step
+                return t + overhead + dec + left * each + mine
+            t += overhead + dec + fit * each
+            left -= fit
+            decodes = min(self.max_num_seqs, decodes + fit)

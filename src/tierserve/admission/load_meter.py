@@ -10,6 +10,11 @@ the engine (in the simulator, on the virtual clock: there it measures the cost m
 * Step time: the same decaying average over every step.
 * Seat rate: requests leaving the running batch per second, decayed over ``SEAT_TAU_S``: how
   fast a queue waiting for seats (every one taken) moves.
+* Computed share: of the prompt tokens of requests starting their prefill, the share not found
+  in the prefix cache, over the last ~``SHARE_TOKENS``. Queues and prompts are counted in
+  prompt tokens, rates in computed ones: a request's prompt costs ``share x`` its tokens (a
+  chat template's system prompt is cached: on the embedded model, about two thirds of a short
+  chat prompt).
 * Arrival rate per class, and per tenant in each class: prompt tokens entering the queue per
   second, the sum of arrivals decayed with ``arrival_tau_s`` over ``arrival_tau_s`` (a burst
   counts as spread over that time; in the first seconds after start the rate is understated).
@@ -36,6 +41,8 @@ from tierserve.priority import NUM_PRIORITIES, Priority
 SEED_WEIGHT_S = 1.0
 MAX_TENANTS = 1024  # tenant rates kept per class before the faded ones are dropped
 SEAT_TAU_S = 3.0  # seats freed are counted over about this long
+SHARE_TOKENS = 4096.0  # the computed share of prompts is measured over about this many tokens
+MIN_SHARE = 0.05  # a prompt is never priced below this share of its tokens
 
 
 class LoadMeter:
@@ -62,6 +69,22 @@ class LoadMeter:
         # Seats freed (requests leaving the running batch), decayed like arrivals.
         self._freed_seen = 0
         self._freed = [0.0, None]  # [decayed count, when last decayed]
+        self._share_seen = (0, 0)  # the engine's (started, cached) prompt tokens, last read
+        self._started = self._cached = 0.0  # decayed sums of the same
+
+    def computed_share(self, started_total: int, cached_total: int) -> float:
+        """The share of prompt tokens computed (not found in the prefix cache), over the last
+        ~``SHARE_TOKENS`` prompt tokens started; `started_total` and `cached_total` are the
+        engine's counts since the start. 1 before any prompt started."""
+        started = started_total - self._share_seen[0]
+        if started > 0:
+            keep = math.exp(-started / SHARE_TOKENS)
+            self._started = keep * self._started + started
+            self._cached = keep * self._cached + (cached_total - self._share_seen[1])
+        self._share_seen = (started_total, cached_total)
+        if self._started <= 0:
+            return 1.0
+        return max(MIN_SHARE, 1.0 - self._cached / self._started)
 
     # -- steps -----------------------------------------------------------------------------
     def on_step(self, start: float, end: float, prefill_tokens: int, backlog: bool) -> None:

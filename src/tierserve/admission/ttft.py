@@ -75,6 +75,9 @@ class Load:
     class_tags: tuple[float, ...] | None = None
     # The engine's step-time model and decodes (None: the measured rate alone is used).
     engine: EngineShape | None = None
+    # Of a prompt's tokens, the share the engine computes (the rest is found in the prefix
+    # cache; admission/load_meter.py): queues count prompt tokens, rates computed ones.
+    computed_share: float = 1.0
 
     def with_waiting(self, priority: Priority, extra: int, tenant: str | None = None) -> Load:
         """The load with `extra` more tokens of `tenant` waiting in class `priority`."""
@@ -105,7 +108,12 @@ class Load:
     def idle(self) -> Load:
         """An engine with nothing waiting or running, at the same speed."""
         engine = self.engine.idle() if self.engine else None
-        return Load(prefill_rate=self.prefill_rate, step_s=self.step_s, engine=engine)
+        return Load(
+            prefill_rate=self.prefill_rate,
+            step_s=self.step_s,
+            engine=engine,
+            computed_share=self.computed_share,
+        )
 
 
 def class_work(
@@ -173,6 +181,12 @@ def predict_ttft(
     # behind the step that samples their token, a whole one.
     first = served_first(load.order, c)
     step = load.step_s / 2 if first else load.step_s
+    if first and load.engine is not None:  # its prompts go first, step by step
+        reqs = requests_ahead(load, c, ahead)
+        tokens = fixed + (waiting[c] - load.promoted_tokens[c] if ahead is None else ahead)
+        walk = load.engine.express_seconds(reqs, tokens, own, load.computed_share)
+        if walk is not None:
+            return walk + step
     ttft = (fixed + mine + shares(load, c, mine, upper)) / capacity + step
     if load.engine is not None and not first:  # every seat taken: it waits for one (a class
         # served first takes one from a less urgent class), then for its prompt
@@ -204,7 +218,14 @@ def requests_ahead(load: Load, c: int, ahead: int | None) -> int:
 
 
 def service_rate(load: Load, c: int, ahead: int | None) -> float | None:
-    """Prefill tokens per second a class-`c` request's wait is served at: the measured rate
+    """Prompt tokens per second: the computed rate (``computed_rate``) over the share of a
+    prompt the engine computes (the rest comes from the prefix cache)."""
+    rate = computed_rate(load, c, ahead)
+    return None if rate is None else rate / load.computed_share
+
+
+def computed_rate(load: Load, c: int, ahead: int | None) -> float | None:
+    """Computed prefill tokens per second a class-`c` request's wait is served at: the measured rate
     (admission/load_meter.py), but no faster than the engine's step-time model says it can go
     with the decodes it will run by then (admission/engine_rate.py: the requests ahead of it
     join them). A class served first (``served_first``: P0 under hybrid) gets the rate of an

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from tierserve.clock import Clock
     from tierserve.config import SchedulerConfig
     from tierserve.core.kv import KVCacheManager
+    from tierserve.core.step_time import StepBounds
     from tierserve.policies import Policy
     from tierserve.request import Request
 
@@ -51,6 +52,7 @@ class CutIn:
     kv: KVCacheManager
     running: dict[str, Request]
     step_preemptions: list
+    _bounds: StepBounds
 
     def _init_cut_in(self) -> None:
         self.cut_ins = 0  # cut-in steps run since the start
@@ -79,7 +81,10 @@ class CutIn:
             self._step,
             self.config.max_num_batched_tokens,
             self.step_time.coefficients,
-            None,  # P0's own prompt is never cut by the time bound anyway
+            # The bound while P0 is about: one P0's prompt is never cut, but a burst of them is
+            # taken as many as fit, the rest in the next steps (each step's first tokens go
+            # out at its end: one unbounded cut-in would hold them all until the last prompt)
+            self._bounds.p0_about,
             self.kv.block_size,
         )
         self._admit_waiting(plan, now, only_p0=True, cut_in=True)

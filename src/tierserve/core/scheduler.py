@@ -92,6 +92,10 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
         self._express_time = ExpressShare(EXPRESS_WINDOW_S)
         self.express_steps = 0
         self.seats_freed = 0  # requests that left the running batch since the start
+        # Prompt tokens of requests starting their prefill, and those of them found in the
+        # prefix cache, since the start: the TTFT predictor's share of a prompt to compute.
+        self.prompt_tokens_started = 0
+        self.prompt_tokens_cached = 0
         # Step time, predicted and measured (step_time.py), and the bound on it.
         self.step_time = StepTimeModel(costs.prefill_tokens_per_s if costs else None)
         self._bounds = StepBounds(config, policy)
@@ -156,6 +160,12 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
         if self.config.check_invariants:
             self.check_invariants(out)
         return out
+
+    def planned_seconds(self) -> float | None:
+        """The step-time model's prediction for the step just scheduled (None: none planned)."""
+        if self._planned is None:
+            return None
+        return self.step_time.predict(self._planned[1])
 
     def _seats(self) -> int:
         return self.config.max_num_seqs - len(self.running)
@@ -306,6 +316,8 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
             req.transition(S.RUNNING)
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
+                self.prompt_tokens_started += req.num_prompt_tokens
+                self.prompt_tokens_cached += min(computed.num_tokens, req.num_prompt_tokens)
             self.running[req.request_id] = req
             plan.schedule(req, n, ids)
             self._served(req)

@@ -14,6 +14,8 @@ the step did, read from its output and timings, and the scheduler's record after
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -92,6 +94,10 @@ class EngineCore:
         costs = scheduler.costs
         self.load_meter = LoadMeter(costs.prefill_tokens_per_s if costs else None)
         self.service_order = scheduler.policy.traits.service_order
+        # A line of JSON per step (diagnostics: $TIERSERVE_STEP_TRACE names the file): what the
+        # step-time model predicted for it and what it measured, with its shape.
+        trace = os.environ.get("TIERSERVE_STEP_TRACE")
+        self._trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115
 
     @classmethod
     def build(
@@ -163,13 +169,31 @@ class EngineCore:
         t0 = time.perf_counter()
         out = s.schedule()
         t1 = time.perf_counter()
+        planned = s.planned_seconds()
         result = ExecutorOutput() if out.is_empty else self._execute(out)
         t2 = time.perf_counter()
         changed = s.update_from_output(out, result)
         ran = out.total_num_scheduled_tokens or out.blocks_to_swap_in or out.blocks_to_swap_out
         if ran:
             self.last_stats = self._record(started, out, result, t1 - t0, t2 - t1)
+            if self._trace is not None:
+                self._write_trace(started, planned, self.last_stats)
         return changed
+
+    def _write_trace(self, started: float, planned: float | None, st: StepStats) -> None:
+        line = {
+            "start": round(started, 6),
+            "end": round(st.time, 6),
+            "predicted_s": None if planned is None else round(planned, 6),
+            "bound_s": self.scheduler.step_bound_s,
+            "prefill_tokens": st.num_prefill_tokens,
+            "decode_tokens": st.num_decode_tokens,
+            "batch": st.batch_size,
+            "waiting": st.waiting,
+            "schedule_s": round(st.schedule_s, 6),
+            "execute_s": round(st.execute_s, 6),
+        }
+        self._trace.write(json.dumps(line) + "\n")
 
     def _record(
         self, started: float, out, result, schedule_s: float, execute_s: float, cut_in=False

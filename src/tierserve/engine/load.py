@@ -55,6 +55,9 @@ def load_of(core: EngineCore, stats: SchedulerStats) -> Load:
         order=core.service_order,
         class_tags=q.class_tags,
         engine=engine,
+        computed_share=meter.computed_share(
+            core.scheduler.prompt_tokens_started, core.scheduler.prompt_tokens_cached
+        ),
     )
 
 
