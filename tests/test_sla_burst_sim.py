@@ -26,3 +26,12 @@ def test_a_mixed_burst_is_made_as_asked_and_served():
     res = burst((3, 4, 5, 6), sla_admission=False)
     assert [res[c]["sent"] for c in ("P0", "P1", "P2", "P3")] == [3, 4, 5, 6]
     assert all(r["admitted"] == r["sent"] for r in res.values())
+
+
+def test_admission_admits_what_fits_and_keeps_it_on_time():
+    """The predictor against the simulated engine's step times: admission admits at least 80%
+    of what admission off gets on time, and everything it admits is on time."""
+    off = burst((30, 0, 0, 0), sla_admission=False)["P0"]
+    on = burst((30, 0, 0, 0), sla_admission=True)["P0"]
+    assert on["admitted"] >= 0.8 * off["on_time"]
+    assert on["on_time"] == on["admitted"]

@@ -172,10 +172,13 @@ class AdmissionController:
         cost_tokens: int,
         prompt_tokens: int | None = None,
         demote_ok: bool = False,
+        waited_s: float = 0.0,
     ) -> Decision:
         """Admit or refuse a request of `priority` costing `cost_tokens` (prompt + max_tokens,
         all choices); `prompt_tokens` (default: the cost) is what it must prefill; `demote_ok`:
-        its tenant takes best effort rather than a refusal when its SLA cannot be met."""
+        its tenant takes best effort rather than a refusal when its SLA cannot be met;
+        `waited_s`: how long it has been at the server already (its clock started at its first
+        byte: the door's time counts against its SLA)."""
         now = self.clock.now()
         self._measure(now)
         depth = self.queue.queue_depth(priority)
@@ -218,7 +221,7 @@ class AdmissionController:
         predicted, demoted_from = None, None
         if self.config.sla_admission:
             work = prompt_tokens or cost_tokens
-            v = self.sla.check(self.queue.load(), priority, work, now, tenant)
+            v = self.sla.check(self.queue.load(), priority, work, now, tenant, waited_s)
             predicted = v.predicted_s
             if v.late and demote_ok and priority in (Priority.P1, Priority.P2):
                 demoted_from, priority, predicted = priority, Priority.P3, None

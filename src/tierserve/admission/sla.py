@@ -61,6 +61,10 @@ class Verdict:
         return self.retry_after_s is not None
 
 
+def _plus(predicted: float | None, waited: float) -> float | None:
+    return None if predicted is None else predicted + waited
+
+
 class SlaGate:
     def __init__(self, priorities: PriorityConfig, margin: float) -> None:
         self.priorities = priorities
@@ -77,26 +81,29 @@ class SlaGate:
         prompt_tokens: int,
         now: float,
         tenant: str,
+        waited_s: float = 0.0,
     ) -> Verdict:
         """Whether a class-`priority` request of `tenant` with `prompt_tokens` to prefill would
         get its first token within margin x SLA; if not, when to retry (and the retry is
         promised). A fleet (a cluster ingress) is judged on its best replica
-        (admission/fleet_load.py)."""
+        (admission/fleet_load.py). `waited_s`: the time it already spent at the server (at
+        the door): its first token comes that much later after its arrival."""
         if isinstance(load, FleetLoad):
             load = load.best(priority, prompt_tokens, tenant)
         # What the client will see, and what the decision is judged on: for P0 only the work
         # that shedding every lower class would leave (the same under a class-aware policy).
-        predicted = predict_ttft(load, priority, prompt_tokens, tenant=tenant)
+        waited = max(0.0, waited_s)
+        predicted = _plus(predict_ttft(load, priority, prompt_tokens, tenant=tenant), waited)
         upto = priority if priority == Priority.P0 else Priority.P3
         load = judged_load(load, priority)
-        judged = predict_ttft(load, priority, prompt_tokens, tenant=tenant)
+        judged = _plus(predict_ttft(load, priority, prompt_tokens, tenant=tenant), waited)
         limit = self.limit(priority, prompt_tokens, load)
         if limit is None or judged is None or judged <= limit:
             return Verdict(predicted, limit)
         for c in range(int(upto) + 1):
             for who, tokens in self.promised(Priority(c), now).items():
                 load = load.with_waiting(Priority(c), tokens, who)
-        drained = predict_ttft(load, priority, prompt_tokens, tenant=tenant)
+        drained = _plus(predict_ttft(load, priority, prompt_tokens, tenant=tenant), waited)
         retry = MAX_RETRY_AFTER_S if drained is None else min(MAX_RETRY_AFTER_S, drained - limit)
         retry = max(0.0, retry)
         due = now + retry_after_seconds(retry)

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 
 from tierserve.api import chat_routes, completion_routes, tokenizer_routes
 from tierserve.api.auth import authenticated
+from tierserve.api.door import Door, door_class
 from tierserve.api.errors import APIError, error_response, retry_after_header, validation_message
 from tierserve.api.middleware import BodySizeLimit, InternalErrors
 from tierserve.api.openapi import (
@@ -147,6 +148,9 @@ def create_app(state: ServerState, mounts: Sequence[Mount] = ()) -> FastAPI:
         return {"object": "list", "data": data}
 
     uploads = {path: n for svc in services for path, n in svc.upload_limits.items()} or None
+    # Inside the body limit (what it receives is bounded): the clock starts at the headers,
+    # the door sorts before any body is parsed (api/door.py).
+    app.add_middleware(Door, now=state.engine.clock.now, classify=door_class(state.tenants))
     app.add_middleware(BodySizeLimit, limit=state.settings.max_request_bytes, paths=uploads)
     app.add_middleware(InternalErrors)  # outermost of ours: sees what every layer inside raised
     install_openapi(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fastapi import Request as HTTPRequest
 
 from tierserve.api.auth import request_tenant
+from tierserve.api.door import Ticket
 from tierserve.api.tenancy import Tenant
 
 
@@ -21,10 +22,23 @@ class Caller:
     tenant: Tenant
     tier: str | None  # the `x-request-tier` header's value, if any
     disconnected: Callable[[], Awaitable[bool]]  # True once the caller went away
+    # When its first byte came, on the engine's clock (api/door.py; None: now, a batch line)
+    arrived: float | None = None
+    door: Ticket | None = None  # its seat at the door, left once it is admitted or refused
 
     @classmethod
     def from_http(cls, state, http: HTTPRequest) -> Caller:
         """The HTTP request's caller (the route's `authenticated` dependency has run)."""
+        seen = http.scope.get("state") or {}
         return cls(
-            request_tenant(state, http), http.headers.get("x-request-tier"), http.is_disconnected
+            request_tenant(state, http),
+            http.headers.get("x-request-tier"),
+            http.is_disconnected,
+            seen.get("arrived"),
+            seen.get("door"),
         )
+
+    def leave_door(self) -> None:
+        """Its door work is done (admitted or refused): the next request may start its own."""
+        if self.door is not None:
+            self.door.leave()

@@ -73,11 +73,11 @@ class Prepared:
 
 
 def _requests(
-    state, body, prompts, max_tokens, res, tenant, prefix, grammar
+    state, body, prompts, max_tokens, res, tenant, prefix, grammar, now
 ) -> list[EngineRequest]:
     """One EngineRequest per choice: prompt i, choice j is request (and index) i * n + j,
-    seeded `seed + j` (so a prompt gets the same choices alone or in a list)."""
-    now = state.engine.clock.now()
+    seeded `seed + j` (so a prompt gets the same choices alone or in a list); `now`: when it
+    arrived (its first byte, api/door.py)."""
     rid = f"{prefix}-{uuid.uuid4().hex[:16]}"
     deadline = now + body.sla_latency_ms / 1000 if body.sla_latency_ms else None
     return [
@@ -154,7 +154,15 @@ def prepare(
     grammar: GrammarSpec | None = None,
 ) -> Prepared | JSONResponse:
     """Validate and admit a request (`n` choices for each of `prompts`); return its engine
-    requests, submitted, or a refusal response."""
+    requests, submitted, or a refusal response. Either way (an error too) the caller leaves
+    the door: the next request's door work may start."""
+    try:
+        return _prepare(state, caller, body, prompts, max_tokens, prefix, param, grammar)
+    finally:
+        caller.leave_door()
+
+
+def _prepare(state, caller, body, prompts, max_tokens, prefix, param, grammar):
     if state.draining:  # 503 with Retry-After: another replica, or this one after a restart
         raise APIError(503, "the server is shutting down", "resource_exhausted")
     check_model(state, body.model)
@@ -169,7 +177,9 @@ def prepare(
         ) from None
     check_token_ids(body, state.tokenizer.vocab_size)
     budgets = _max_tokens(state, prompts, max_tokens, param)
-    reqs = _requests(state, body, prompts, budgets, res, tenant, prefix, grammar)
+    now = state.engine.clock.now()
+    arrived = now if caller.arrived is None else min(now, caller.arrived)
+    reqs = _requests(state, body, prompts, budgets, res, tenant, prefix, grammar, arrived)
     limits = state.engine.limits
     try:  # what the scheduler would refuse (KV capacity of the class), refused here with a 400
         for r in reqs[:: body.n]:
@@ -181,14 +191,16 @@ def prepare(
     demote_ok = tenant.sla_demote and all(limits.fits(r, Priority.P3) for r in reqs[:: body.n])
     prompt_tokens = sum(len(ids) for ids in prompts) * body.n
     cost = sum(len(ids) + m for ids, m in zip(prompts, budgets, strict=True)) * body.n
-    decision = state.admission.decide(res.priority, tenant.name, cost, prompt_tokens, demote_ok)
+    decision = state.admission.decide(
+        res.priority, tenant.name, cost, prompt_tokens, demote_ok, waited_s=now - arrived
+    )
     if not decision.admitted:
         state.metrics.on_rejected(decision.code or decision.error_type, res.priority)
         return admission_response(decision)
     if decision.demoted_from is not None:
         state.metrics.on_rejected(SLA_DEMOTED, decision.demoted_from)
         res = replace(res, priority=decision.priority)
-        reqs = _requests(state, body, prompts, budgets, res, tenant, prefix, grammar)
+        reqs = _requests(state, body, prompts, budgets, res, tenant, prefix, grammar, arrived)
     predicted = decision.predicted_ttft_s
     if predicted is not None and not math.isfinite(predicted):
         predicted = None  # best effort behind a saturating class: no time to promise
