@@ -103,6 +103,7 @@ def test_the_door_serves_waiting_requests_by_priority_through_asgi():
             first = asyncio.create_task(post("p2"))
             await asyncio.sleep(0.01)
             rest = [asyncio.create_task(post(t)) for t in ("p3", "p3", "p1", "p0", "p3", "p0")]
+            await asyncio.sleep(0.01)  # all at the door, the first still inside
             sent = clock()
             await asyncio.gather(first, *rest)
             return sent
@@ -142,3 +143,24 @@ def test_the_servers_clock_starts_at_the_first_byte():
                 reply += chunk
         assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
         assert _ttft_sum(url) - before >= 0.4
+
+
+def test_less_urgent_requests_are_held_while_p0_prompts_wait_but_not_for_ever():
+    async def main():
+        busy = True
+        gate = PriorityGate(seats=2, busy=lambda: busy, hold_s=0.2)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        p0 = await asyncio.wait_for(gate.enter(Priority.P0), 0.05)  # P0 is never held
+        p1 = asyncio.create_task(gate.enter(Priority.P1))
+        await asyncio.sleep(0.05)
+        assert not p1.done()  # a seat is free, but P0 work waits for the engine
+        busy = False
+        (await asyncio.wait_for(p1, 0.1)).leave()  # let in once the P0 prompts are in
+        busy = True
+        t = await asyncio.wait_for(gate.enter(Priority.P3), 1.0)  # held, then let in anyway
+        assert loop.time() - start >= 0.2
+        t.leave()
+        p0.leave()
+
+    asyncio.run(main())

@@ -19,6 +19,10 @@ admission even saw it, and neither the server's TTFT nor the predictor counted t
   equals). The seat is left as soon as the request is admitted or refused (``Caller.leave_door``
   from ``prepare``), so streaming never holds one; whatever happens, the middleware leaves it
   when the request ends.
+* While P0 prompts wait for the engine (``busy``: the engine's queue or the command queue holds
+  one), a less urgent request is held at the door for up to ``HOLD_S``: on two cores its door
+  work would slow the engine prefilling them (one interpreter lock, and the tokenizer's threads
+  on the other core). Measured with benchmarks/served/sla_burst.py.
 
 So under a mixed burst, P0 is admitted or refused before lower classes are parsed, and a
 refusal costs one admission decision, not a wait behind everybody's tokenization.
@@ -36,32 +40,54 @@ from tierserve.priority import Priority
 
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 DEFAULT_SEATS = 4  # requests doing their door work at once (one on the loop, the rest in threads)
+HOLD_S = 0.5  # the longest a less urgent request is held while P0 prompts wait (P0's SLA)
+RETRY_S = 0.005  # how often a held request's door is tried again
 
 
 class PriorityGate:
-    """At most `seats` holders; waiters are let in by (priority, arrival order). Event loop
-    only."""
+    """At most `seats` holders; waiters are let in by (priority, arrival order). While `busy()`
+    (P0 prompts wait for the engine), a less urgent waiter is held back, up to `hold_s` after
+    it came: its door work (parsing, templates, tokenization) would take the cores and the
+    interpreter lock from the engine prefilling them. Event loop only."""
 
-    def __init__(self, seats: int = DEFAULT_SEATS) -> None:
+    def __init__(
+        self,
+        seats: int = DEFAULT_SEATS,
+        busy: Callable[[], bool] | None = None,
+        hold_s: float = HOLD_S,
+    ) -> None:
         if seats < 1:
             raise ValueError(f"the door needs at least one seat, got {seats}")
         self.seats = seats
         self.inside = 0
-        self._waiting: list[tuple[int, int, asyncio.Future]] = []
+        self.busy, self.hold_s = busy, hold_s
+        self._waiting: list[tuple[int, int, float, asyncio.Future]] = []
         self._order = itertools.count()
+        self._retry: asyncio.TimerHandle | None = None
         self.admitted_by_class = [0] * len(Priority)  # let in since the start, per class
 
     @property
     def num_waiting(self) -> int:
         return sum(1 for *_, f in self._waiting if not f.done())
 
+    def _held(self, priority: int, since: float, now: float) -> bool:
+        return (
+            priority > Priority.P0
+            and self.busy is not None
+            and now - since < self.hold_s
+            and self.busy()
+        )
+
     async def enter(self, priority: Priority) -> Ticket:
-        """Wait for a seat (at once while one is free and nobody waits)."""
-        if self.inside < self.seats and not self._waiting:
+        """Wait for a seat (at once while one is free, nobody waits and it is not held)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self.inside < self.seats and not self._waiting and not self._held(priority, now, now):
             self.inside += 1
         else:
-            fut = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiting, (int(priority), next(self._order), fut))
+            fut = loop.create_future()
+            heapq.heappush(self._waiting, (int(priority), next(self._order), now, fut))
+            self._pass_on()
             try:
                 await fut  # set by _pass_on, which took the seat for us
             except asyncio.CancelledError:
@@ -76,10 +102,18 @@ class PriorityGate:
         self._pass_on()
 
     def _pass_on(self) -> None:
+        self._retry = None
+        now = asyncio.get_running_loop().time()
         while self._waiting and self.inside < self.seats:
-            _, _, fut = heapq.heappop(self._waiting)
+            prio, _, since, fut = self._waiting[0]
             if fut.done():  # its waiter was cancelled (the client went away)
+                heapq.heappop(self._waiting)
                 continue
+            if self._held(prio, since, now):  # the most urgent waiting is held: all are
+                if self._retry is None:
+                    self._retry = asyncio.get_running_loop().call_later(RETRY_S, self._pass_on)
+                return
+            heapq.heappop(self._waiting)
             self.inside += 1
             fut.set_result(None)
 
@@ -113,9 +147,10 @@ class Door:
         now: Callable[[], float],
         classify: Callable[[str | None, str | None, str | None], Priority],
         seats: int = DEFAULT_SEATS,
+        busy: Callable[[], bool] | None = None,
     ) -> None:
         self.app, self.now, self.classify = app, now, classify
-        self.gate = PriorityGate(seats)
+        self.gate = PriorityGate(seats, busy)
 
     async def __call__(self, scope, receive, send):
         if (

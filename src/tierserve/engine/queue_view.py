@@ -58,6 +58,12 @@ class SnapshotQueueView:
         free = max(0, snap.max_num_seqs - snap.num_running - (everyone - own))
         return max(0, own - free)
 
+    def prompts_waiting(self, priority: Priority) -> int:
+        """Requests of `priority` not yet taken into a step: waiting in the engine (as last
+        published) or still in the command queue."""
+        snap = self._snapshot()
+        return snap.waiting[priority] + self._pending(snap)[priority]
+
     def queued_tokens(self, priority: Priority) -> int:
         snap = self._snapshot()
         pending = self.submitted_tokens[priority] - snap.intake_tokens[priority]
