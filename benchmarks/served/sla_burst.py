@@ -15,7 +15,7 @@ Per class: sent, admitted, refused, first token at the client (P50/P95/max, from
 burst was sent), how many within the class's SLA, how fast refusals came back, the server's
 predicted TTFT (the ``x-tierserve-predicted-ttft-ms`` header) against the client's, and the
 server's own ``llm_ttft_seconds`` mean for the burst (from /metrics) against the client's mean.
-A burst starts after the previous one has drained, on a warm server (two warm-up requests).
+A burst starts on a warm server: two requests one after the other, then eight at once (P1).
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ async def burst(url: str, prios: list[int], late: dict[int, float] | None, seed:
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
         for _ in range(2):  # warm: the server, and the client's DNS/connection code
             await one(http, url, 1, time.perf_counter(), rng)
+        # and steps of several prompts, for the step-time model (a server in use has seen them)
+        await asyncio.gather(*(one(http, url, 1, time.perf_counter(), rng) for _ in range(8)))
         before = server_ttft(await (await http.get(f"{url}/metrics")).text())
         t0 = time.perf_counter()
         tasks = [asyncio.create_task(one(http, url, p, t0, rng)) for p in prios]
