@@ -70,11 +70,12 @@ def test_a_waiter_that_goes_away_does_not_keep_a_seat():
 def test_the_door_classifies_by_key_and_tier_header_before_the_body():
     tenants = TenantRegistry.open()
     classify = door_class(tenants)
-    assert classify(None, None, "p2") == Priority.P2
-    assert classify(None, None, None) == tenants.authenticate(None, None).default_priority
-    assert classify(None, None, "not-a-tier") == Priority.P0  # refused at once, so first
+    assert classify(None, None, "p2") == (Priority.P2, True)
+    default = tenants.authenticate(None, None).default_priority
+    assert classify(None, None, None) == (default, False)  # the body may say otherwise
+    assert classify(None, None, "not-a-tier") == (Priority.P0, True)  # refused at once: first
     keyed = door_class(TenantRegistry.single_key("sk-x"))
-    assert keyed("Bearer wrong", None, "p3") == Priority.P0  # a 401 is cheap: first
+    assert keyed("Bearer wrong", None, "p3") == (Priority.P0, True)  # a 401 is cheap: first
 
 
 def test_the_door_serves_waiting_requests_by_priority_through_asgi():
@@ -145,22 +146,34 @@ def test_the_servers_clock_starts_at_the_first_byte():
         assert _ttft_sum(url) - before >= 0.4
 
 
-def test_less_urgent_requests_are_held_while_p0_prompts_wait_but_not_for_ever():
+def test_a_burst_of_less_urgent_requests_is_held_while_p0_prompts_wait_but_not_for_ever():
     async def main():
         busy = True
         gate = PriorityGate(seats=2, busy=lambda: busy, hold_s=0.2)
         loop = asyncio.get_running_loop()
-        start = loop.time()
         p0 = await asyncio.wait_for(gate.enter(Priority.P0), 0.05)  # P0 is never held
-        p1 = asyncio.create_task(gate.enter(Priority.P1))
+        lone = await asyncio.wait_for(gate.enter(Priority.P1), 0.05)  # nor one request alone
+        p1 = [asyncio.create_task(gate.enter(Priority.P1)) for _ in range(2)]
+        guess = asyncio.create_task(gate.enter(Priority.P2, known=False))
+        await asyncio.sleep(0.01)
+        lone.leave()  # a seat is free...
         await asyncio.sleep(0.05)
-        assert not p1.done()  # a seat is free, but P0 work waits for the engine
+        assert not any(t.done() for t in p1)  # ...but the door is full while P0 work waits
+        (await asyncio.wait_for(guess, 0.05)).leave()  # a class from the body may be P0
         busy = False
-        (await asyncio.wait_for(p1, 0.1)).leave()  # let in once the P0 prompts are in
+        (await asyncio.wait_for(p1[0], 0.1)).leave()  # let in once the P0 prompts are in
+        (await asyncio.wait_for(p1[1], 0.1)).leave()
         busy = True
-        t = await asyncio.wait_for(gate.enter(Priority.P3), 1.0)  # held, then let in anyway
-        assert loop.time() - start >= 0.2
-        t.leave()
-        p0.leave()
+        held = await gate.enter(Priority.P3)  # the door full again: P0 and this one inside
+        start = loop.time()
+        p3 = [asyncio.create_task(gate.enter(Priority.P3)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        held.leave()
+        p0.leave()  # two seats free, two waiting: still a burst, still held...
+        tickets = await asyncio.wait_for(asyncio.gather(*p3), 1.0)  # ...then let in anyway
+        assert loop.time() - start >= 0.19
+        for t in tickets:
+            t.leave()
+        assert gate.inside == 0
 
     asyncio.run(main())

@@ -27,7 +27,6 @@ from tierserve.api.openapi import (
     install_openapi,
 )
 from tierserve.api.state import ServerState
-from tierserve.priority import Priority
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
@@ -151,12 +150,10 @@ def create_app(state: ServerState, mounts: Sequence[Mount] = ()) -> FastAPI:
     uploads = {path: n for svc in services for path, n in svc.upload_limits.items()} or None
     # Inside the body limit (what it receives is bounded): the clock starts at the headers,
     # the door sorts before any body is parsed (api/door.py).
-    view = getattr(state.engine, "view", None)
+    # (an engine in this process only: a cluster ingress's replicas have their own cores)
+    busy = getattr(state.engine, "p0_prompts_waiting", None)
     app.add_middleware(
-        Door,
-        now=state.engine.clock.now,
-        classify=door_class(state.tenants),
-        busy=None if view is None else (lambda: view.prompts_waiting(Priority.P0) > 0),
+        Door, now=state.engine.clock.now, classify=door_class(state.tenants), busy=busy
     )
     app.add_middleware(BodySizeLimit, limit=state.settings.max_request_bytes, paths=uploads)
     app.add_middleware(InternalErrors)  # outermost of ours: sees what every layer inside raised

@@ -124,6 +124,12 @@ class AsyncEngine:
         """Streams submitted whose terminal delta has not reached the event loop yet."""
         return len(self._open)
 
+    def p0_prompts_waiting(self) -> bool:
+        """Whether P0 requests wait for their prompt to be taken into a step (the published
+        snapshot and the command queue; event loop): the door holds less urgent door work
+        meanwhile (api/door.py), as it shares this process's cores with the engine thread."""
+        return self.view.prompts_waiting(Priority.P0) > 0
+
     def in_flight_ids(self) -> list[str]:
         """Their request ids, sorted (event loop only)."""
         return sorted(self._open)

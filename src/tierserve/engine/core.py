@@ -169,7 +169,7 @@ class EngineCore:
         t0 = time.perf_counter()
         out = s.schedule()
         t1 = time.perf_counter()
-        planned = s.planned_seconds()
+        planned = s.planned_seconds() if self._trace is not None else None
         result = ExecutorOutput() if out.is_empty else self._execute(out)
         t2 = time.perf_counter()
         changed = s.update_from_output(out, result)
