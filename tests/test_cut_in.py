@@ -194,6 +194,29 @@ def test_a_p0_that_needs_others_blocks_waits_for_the_next_step():
     assert p0.num_output_tokens == 1 and counts.swap + counts.recompute == 1
 
 
+def test_no_cut_in_while_the_step_in_flight_prefills_a_p0_prompt():
+    """Its first token would wait for the cut-in's prompts: the new P0 waits for the step's
+    end (bounded while P0 is about) and is served in the next one."""
+    core = _core(cut_in=True)
+    bg, first = _decoding_p3_and_a_p0(core, count=2, prompt_len=12)
+    second = make_request(tokens=list(range(600, 610)), priority=Priority.P0, max_tokens=3)
+    core.add_request(first)
+    seen = {}
+
+    def hook():
+        if not seen:
+            core.add_request(second)
+            seen["result"] = core.cut_in()
+
+    core.set_layer_hook(hook)
+    core.step()  # the first P0's prompt is in this step
+    assert seen["result"] == ([], None) and core.scheduler.cut_ins == 0
+    assert first.num_output_tokens == 1 and second.status == RequestStatus.WAITING
+    core.set_layer_hook(None)
+    core.step()
+    assert second.num_output_tokens == 1
+
+
 @pytest.fixture(scope="module")
 def model_engines():
     """The embedded model, with steps sized by tokens only (so a long prompt is one long step

@@ -68,6 +68,8 @@ class CutIn:
             return False
         if self._waiting_count[Priority.P0] == 0 or self._stopped is not None:
             return False
+        if self.p0_prompt_in_flight:  # its first token would wait for the cut-in's prompts:
+            return False  # the new P0 waits for the step instead (bounded while P0 is about)
         share = self._express_time.share(self.clock.now())
         return share < 1.0 / (1 + cfg.p0_express_min_gap)
 

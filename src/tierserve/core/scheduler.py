@@ -94,6 +94,7 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
         self.seats_freed = 0  # requests that left the running batch since the start
         # Prompt tokens of requests starting their prefill, and those of them found in the
         # prefix cache, since the start: the TTFT predictor's share of a prompt to compute.
+        self.p0_prompt_in_flight = False  # the step planned last prefills a P0 prompt
         self.prompt_tokens_started = 0
         self.prompt_tokens_cached = 0
         # Step time, predicted and measured (step_time.py), and the bound on it.
@@ -157,6 +158,10 @@ class Scheduler(QueueCounts, Preempting, Predictive, CutIn):
         self._forget = set()
         out = plan.build(self.running, self.kv, self._known)
         self._planned = (now, plan.total_work(), bool(express))
+        # A P0 prompt in this step: no cut-in while it runs (core/cut_in.py)
+        self.p0_prompt_in_flight = any(
+            self.running[r].priority == Priority.P0 for r in plan.chunk_ids if r in self.running
+        )
         if self.config.check_invariants:
             self.check_invariants(out)
         return out
