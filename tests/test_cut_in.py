@@ -198,7 +198,7 @@ def test_no_cut_in_while_the_step_in_flight_prefills_a_p0_prompt():
     """Its first token would wait for the cut-in's prompts: the new P0 waits for the step's
     end (bounded while P0 is about) and is served in the next one."""
     core = _core(cut_in=True)
-    bg, first = _decoding_p3_and_a_p0(core, count=2, prompt_len=12)
+    _bg, first = _decoding_p3_and_a_p0(core, count=2, prompt_len=12)
     second = make_request(tokens=list(range(600, 610)), priority=Priority.P0, max_tokens=3)
     core.add_request(first)
     seen = {}

@@ -7,6 +7,10 @@ request can go wrong ends in the record (`outcome`, `status`, `error`), never in
 Outcomes: `completed` (the stream ended with `data: [DONE]`), `rejected` (HTTP 429 or 503: the
 server refused the load; `Retry-After` kept), `failed` (any other status, a connection error, an
 error event, a malformed or truncated stream), `unfinished` (cancelled before it ended).
+
+The HTTP client is aiohttp (`session()`): a load generator must never be the bottleneck, and
+httpx's pool topped out near 85 requests/s here where aiohttp served 1,360/s (docs/benchmarks.md).
+An `httpx.AsyncClient` is accepted too (the tests' mock transports).
 """
 
 from __future__ import annotations
@@ -16,9 +20,42 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx
 
 from tierserve.loadgen.workload import RequestSpec
+
+Http = aiohttp.ClientSession | httpx.AsyncClient
+
+
+def session(connect_timeout_s: float = 15.0) -> aiohttp.ClientSession:
+    """The load generator's HTTP client: no connection limit, no overall timeout (each request
+    has its own, `Endpoint.timeout_s`)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+        timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s),
+    )
+
+
+async def get(http: Http, url: str, headers: dict, timeout_s: float) -> tuple[int, object]:
+    """GET `url`: (status, the JSON body or None). Raises ConnectionError when nothing
+    answers."""
+    try:
+        if isinstance(http, aiohttp.ClientSession):
+            wait = aiohttp.ClientTimeout(total=timeout_s)
+            async with http.get(url, headers=headers, timeout=wait) as r:
+                try:
+                    return r.status, await r.json(content_type=None)
+                except ValueError:
+                    return r.status, None
+        r = await http.get(url, timeout=timeout_s, headers=headers)
+        try:
+            return r.status_code, r.json()
+        except ValueError:
+            return r.status_code, None
+    except (aiohttp.ClientError, httpx.HTTPError, TimeoutError) as exc:
+        raise ConnectionError(f"{type(exc).__name__}: {exc}") from None
+
 
 REFUSAL_STATUSES = (429, 503)
 
@@ -181,7 +218,7 @@ def _on_line(line: str, now: float, rec: RequestRecord, api: str) -> bool:
 
 
 async def send(
-    http: httpx.AsyncClient,
+    http: Http,
     ep: Endpoint,
     spec: RequestSpec,
     rec: RequestRecord,
@@ -196,11 +233,11 @@ async def send(
         rec.outcome, rec.error = "failed", f"timed out after {ep.timeout_s:g} s"
     except StreamError as exc:
         rec.outcome, rec.error = "failed", str(exc)
-    except httpx.ConnectError as exc:
+    except (httpx.ConnectError, aiohttp.ClientConnectorError) as exc:
         rec.outcome, rec.error = "failed", f"cannot connect to {ep.url}: {exc}"
     except httpx.TimeoutException as exc:
         rec.outcome, rec.error = "failed", f"timed out: {type(exc).__name__}"
-    except httpx.HTTPError as exc:  # broken connection, incomplete chunked body, ...
+    except (httpx.HTTPError, aiohttp.ClientError) as exc:  # a broken connection, ...
         rec.outcome, rec.error = "failed", f"stream broken: {type(exc).__name__}: {exc}"
     finally:
         rec.finish = clock()
@@ -209,6 +246,8 @@ async def send(
 
 
 async def _stream(http, ep: Endpoint, body: dict, headers: dict, rec: RequestRecord, clock):
+    if isinstance(http, aiohttp.ClientSession):
+        return await _stream_aiohttp(http, ep, body, headers, rec, clock)
     async with http.stream("POST", ep.url, json=body, headers=headers) as resp:
         rec.status = resp.status_code
         predicted = resp.headers.get("x-tierserve-predicted-ttft-ms")
@@ -222,6 +261,29 @@ async def _stream(http, ep: Endpoint, body: dict, headers: dict, rec: RequestRec
             return
         async for line in resp.aiter_lines():
             if _on_line(line.strip(), clock(), rec, ep.api):
+                rec.outcome = "completed"
+                return
+    raise StreamError("truncated stream: it ended before 'data: [DONE]'")
+
+
+async def _stream_aiohttp(
+    http: aiohttp.ClientSession, ep: Endpoint, body: dict, headers: dict, rec, clock
+):
+    """``_stream`` on aiohttp: the same record, line by line."""
+    async with http.post(ep.url, json=body, headers=headers) as resp:
+        rec.status = resp.status
+        predicted = resp.headers.get("x-tierserve-predicted-ttft-ms")
+        if predicted is not None and predicted.isdigit():
+            rec.predicted_ttft = int(predicted) / 1000
+        if resp.status != 200:
+            raw = await resp.read()
+            rec.retry_after = parse_retry_after(resp.headers.get("retry-after"))
+            rec.outcome = "rejected" if resp.status in REFUSAL_STATUSES else "failed"
+            rec.error = f"HTTP {resp.status}: {_error_text(raw)}"
+            return
+        async for raw in resp.content:  # one line at a time
+            line = raw.decode("utf-8", errors="replace").strip()
+            if _on_line(line, clock(), rec, ep.api):
                 rec.outcome = "completed"
                 return
     raise StreamError("truncated stream: it ended before 'data: [DONE]'")

@@ -14,8 +14,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import httpx
-
 from tierserve.loadgen import client
 from tierserve.loadgen.metrics import CLASSES
 from tierserve.loadgen.plan import Plan, build_plan
@@ -47,22 +45,22 @@ def default_prompts(path: str | None):
     return PromptMaker(load_tokenizer(path))
 
 
-async def resolve_model(http: httpx.AsyncClient, ep: client.Endpoint) -> client.Endpoint:
+async def resolve_model(http: client.Http, ep: client.Endpoint) -> client.Endpoint:
     """Reach the server (GET /v1/models) and fill in the model name when none was given.
     Raises ConnectionError with a clear message when nothing answers."""
     url = f"{ep.base_url}/v1/models"
     keys = [*ep.api_keys.values(), *ep.tenant_keys.values()]
     headers = {"authorization": f"Bearer {keys[0]}"} if keys else {}
     try:
-        r = await http.get(url, timeout=15.0, headers=headers)
-    except httpx.HTTPError as exc:
-        raise ConnectionError(f"cannot reach {ep.base_url}: {type(exc).__name__}: {exc}") from None
+        status, data = await client.get(http, url, headers, 15.0)
+    except ConnectionError as exc:
+        raise ConnectionError(f"cannot reach {ep.base_url}: {exc}") from None
     if ep.model:
         return ep
     try:
-        return replace(ep, model=r.json()["data"][0]["id"])
-    except (ValueError, KeyError, IndexError, TypeError):
-        _say(f"GET {url} answered {r.status_code} without a model list: sending no model name")
+        return replace(ep, model=data["data"][0]["id"])  # type: ignore[index]
+    except (KeyError, IndexError, TypeError):
+        _say(f"GET {url} answered {status} without a model list: sending no model name")
         return ep
 
 
@@ -134,7 +132,7 @@ class Session:
         self.write()
         return run
 
-    async def run(self, http: httpx.AsyncClient) -> None:
+    async def run(self, http: client.Http) -> None:
         p = self.plan
         ep = await resolve_model(http, p.endpoint)
         self.plan.config["model"] = ep.model
@@ -165,7 +163,7 @@ class Session:
             _say(f"warning: {w}")
         self.write()
 
-    async def _choose_lengths(self, http: httpx.AsyncClient, ep: client.Endpoint) -> None:
+    async def _choose_lengths(self, http: client.Http, ep: client.Endpoint) -> None:
         """`--lengths auto`: one short request, timed, decides (not measured, not recorded)."""
         p, clock = self.plan, _clock()
         text = p.prompts.make(PROBE_PROMPT_TOKENS, 0, "lengths-probe")
@@ -178,7 +176,7 @@ class Session:
         p.use_lengths(preset, p.config["length_scale"], why)
         _say(f"lengths {preset}: {why}")
 
-    async def _flood(self, http: httpx.AsyncClient, ep: client.Endpoint) -> None:
+    async def _flood(self, http: client.Http, ep: client.Endpoint) -> None:
         p = self.plan
         p0 = p.source(0, mix=(1.0, 0, 0, 0))
         p3 = p.source(0, mix=(0, 0, 0, 1.0), seed_offset=1)
@@ -216,10 +214,8 @@ async def _main(session: Session) -> None:
     # Not possible off the main thread (tests) or on Windows: Ctrl-C then raises instead.
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, halt, "interrupted by Ctrl-C", True)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
-    timeout = httpx.Timeout(None, connect=15.0)
     try:
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+        async with client.session() as http:
             await session.run(http)
     except ConnectionError as exc:
         halt(str(exc))
