@@ -247,43 +247,30 @@ async def send(
 
 async def _stream(http, ep: Endpoint, body: dict, headers: dict, rec: RequestRecord, clock):
     if isinstance(http, aiohttp.ClientSession):
-        return await _stream_aiohttp(http, ep, body, headers, rec, clock)
+        async with http.post(ep.url, json=body, headers=headers) as resp:
+            lines = (raw.decode("utf-8", errors="replace") async for raw in resp.content)
+            await _read(resp.status, resp.headers, resp.read, lines, ep, rec, clock)
+        return
     async with http.stream("POST", ep.url, json=body, headers=headers) as resp:
-        rec.status = resp.status_code
-        predicted = resp.headers.get("x-tierserve-predicted-ttft-ms")
-        if predicted is not None and predicted.isdigit():
-            rec.predicted_ttft = int(predicted) / 1000
-        if resp.status_code != 200:
-            raw = await resp.aread()
-            rec.retry_after = parse_retry_after(resp.headers.get("retry-after"))
-            rec.outcome = "rejected" if resp.status_code in REFUSAL_STATUSES else "failed"
-            rec.error = f"HTTP {resp.status_code}: {_error_text(raw)}"
-            return
-        async for line in resp.aiter_lines():
-            if _on_line(line.strip(), clock(), rec, ep.api):
-                rec.outcome = "completed"
-                return
-    raise StreamError("truncated stream: it ended before 'data: [DONE]'")
+        lines = resp.aiter_lines()
+        await _read(resp.status_code, resp.headers, resp.aread, lines, ep, rec, clock)
 
 
-async def _stream_aiohttp(
-    http: aiohttp.ClientSession, ep: Endpoint, body: dict, headers: dict, rec, clock
-):
-    """``_stream`` on aiohttp: the same record, line by line."""
-    async with http.post(ep.url, json=body, headers=headers) as resp:
-        rec.status = resp.status
-        predicted = resp.headers.get("x-tierserve-predicted-ttft-ms")
-        if predicted is not None and predicted.isdigit():
-            rec.predicted_ttft = int(predicted) / 1000
-        if resp.status != 200:
-            raw = await resp.read()
-            rec.retry_after = parse_retry_after(resp.headers.get("retry-after"))
-            rec.outcome = "rejected" if resp.status in REFUSAL_STATUSES else "failed"
-            rec.error = f"HTTP {resp.status}: {_error_text(raw)}"
+async def _read(status: int, head, read_all, lines, ep: Endpoint, rec: RequestRecord, clock):
+    """One response into `rec` (either client's): its status and headers, then its body (a
+    refusal or an error) or its stream's lines up to ``data: [DONE]``."""
+    rec.status = status
+    predicted = head.get("x-tierserve-predicted-ttft-ms")
+    if predicted is not None and predicted.isdigit():
+        rec.predicted_ttft = int(predicted) / 1000
+    if status != 200:
+        raw = await read_all()
+        rec.retry_after = parse_retry_after(head.get("retry-after"))
+        rec.outcome = "rejected" if status in REFUSAL_STATUSES else "failed"
+        rec.error = f"HTTP {status}: {_error_text(raw)}"
+        return
+    async for line in lines:
+        if _on_line(line.strip(), clock(), rec, ep.api):
+            rec.outcome = "completed"
             return
-        async for raw in resp.content:  # one line at a time
-            line = raw.decode("utf-8", errors="replace").strip()
-            if _on_line(line, clock(), rec, ep.api):
-                rec.outcome = "completed"
-                return
     raise StreamError("truncated stream: it ended before 'data: [DONE]'")
