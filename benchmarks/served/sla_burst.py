@@ -115,7 +115,7 @@ def server_ttft(metrics: str) -> dict[int, tuple[float, float]]:
 
 async def burst(url: str, prios: list[int], late: dict[int, float] | None, seed: int) -> dict:
     rng = random.Random(seed)
-    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    conn = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
         for _ in range(2):  # warm: the server, and the client's DNS/connection code
@@ -128,7 +128,6 @@ async def burst(url: str, prios: list[int], late: dict[int, float] | None, seed:
         for prio, delay in (late or {}).items():
             await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(http, url, prio, t0, rng)))
-            tasks[-1].late = True  # type: ignore[attr-defined]
         recs = await asyncio.gather(*tasks)
         after = server_ttft(await (await http.get(f"{url}/metrics")).text())
     if late:
