@@ -46,7 +46,8 @@ def test_plan_rejects_unknown_paths():
     assert "1- rows: torch" in TORCH_ONLY.describe()
 
 
-def tiny_model(use_kernels: bool) -> LlamaForCausalLM:
+def tiny_model(use_kernels: bool, invariant: bool = False) -> LlamaForCausalLM:
+    """`invariant` False: measured plans (--batch-invariant off); on, one path for every size."""
     cfg = ModelConfig("llama", 256, 64, 128, 2, 4, 2, 16, tie_word_embeddings=True)
     g = torch.Generator().manual_seed(0)
     w = {"model.embed_tokens.weight": torch.randn(256, 64, generator=g) * 0.1}
@@ -62,7 +63,9 @@ def tiny_model(use_kernels: bool) -> LlamaForCausalLM:
             w[p + name + ".weight"] = torch.randn(*shape, generator=g) * 0.1
         w[p + "input_layernorm.weight"] = torch.ones(64)
         w[p + "post_attention_layernorm.weight"] = torch.ones(64)
-    return LlamaForCausalLM(cfg, w, kernels=use_kernels)
+    model = LlamaForCausalLM(cfg, w, kernels=use_kernels)
+    model.set_batch_invariant(invariant)
+    return model
 
 
 @pytest.mark.skipif(kernels.get() is None, reason="kernels unavailable or turned off")
@@ -89,6 +92,18 @@ def test_measured_plan_is_cached_per_machine_and_model_and_logged(tmp_path, monk
     files[0].write_text("{not json")  # a corrupt cache is measured again, with a warning
     third = TorchExecutor(tiny_model(True), num_blocks=700, block_size=16, measure=True)
     assert third.plan.source == "measured" and "unreadable step-plan cache" in caplog.text
+
+
+def test_batch_invariance_keeps_one_path_for_every_size_and_measures_nothing(tmp_path, monkeypatch):
+    """Paths differ in their bits (the fused layer's norms and rotary are not torch's), so a
+    plan that switches path with the step size would make a row's result depend on its batch:
+    with invariance on (the default) the plan is the default one, and no time is spent on it."""
+    monkeypatch.setenv("TIERSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TIERSERVE_AUTOTUNE", raising=False)
+    model = tiny_model(kernels.get() is not None, invariant=True)
+    ex = TorchExecutor(model, num_blocks=700, block_size=16, measure=True)
+    assert ex.plan.table == model.default_plan(16).table and len(ex.plan.table) == 1
+    assert not (tmp_path / "autotune").exists()
 
 
 def test_no_kernels_means_the_pytorch_plan_and_no_measurement(tmp_path, monkeypatch):

@@ -2,6 +2,8 @@
 the cache (random block tables, lengths, grouped-query layouts, prefill segments), and the
 sampler's Gumbel-max draw. Whole-model parity is in test_model.py."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -152,6 +154,42 @@ def test_a_verification_row_is_bit_identical_to_the_same_row_decoded_alone(
             assert torch.equal(alone[0], out[i]), (rows, ctx0, i)
             ref = reference_attention(q[i], kc.float(), vc.float(), tables[1], ctx0 + i)
             torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "bs"),
+    [(9, 3, 64, 16), (8, 2, 128, 32), (4, 4, 16, 16), (16, 1, 64, 64), (6, 2, 256, 16)],
+)
+def test_a_row_is_the_same_bits_whichever_kernel_runs_it(heads, kv_heads, dim, bs, dtype):
+    """The batch-invariance promise of attention: a prompt's rows computed as one long segment
+    (queries across lanes), in chunks of every size, 16+ rows and fewer (keys across lanes), or
+    one row at a time as decodes give bit-identical outputs, so a prefix-cache hit, a chunked
+    prompt, a recomputation after preemption and a decode all see the same values."""
+    blocks = 48
+    g = torch.Generator().manual_seed(heads * dim + bs + 3)
+    kc = torch.randn(kv_heads, blocks, bs, dim, generator=g).to(dtype)
+    vc = torch.randn(kv_heads, blocks, bs, dim, generator=g).to(dtype)
+    width = -(-260 // bs)
+    tables = torch.randperm(blocks, generator=g)[:width].view(1, width).int().contiguous()
+    span = min(width * bs - 1, 203)
+    q = torch.randn(span, heads + kv_heads, dim, generator=g)[:, :heads]
+
+    def run(cuts):
+        out = torch.zeros(span, heads, dim)
+        edges = [0, *cuts, span]
+        seg = [(a, b - a, 0, 1 + a) for a, b in itertools.pairwise(edges) if b > a]
+        EXT.paged_attention_into(
+            q, kc, vc, tables, torch.tensor(seg, dtype=torch.int32), dim**-0.5, out
+        )
+        return out
+
+    whole = run([])  # one segment: lanes
+    for cuts in ([1, 2, 3, 9, 40, 41, 57], list(range(1, span)), [15, 31, 47, 100, 117, 133]):
+        assert torch.equal(run(cuts), whole), cuts
+    for i in (0, 15, 16, 17, span - 1):
+        ref = reference_attention(q[i], kc.float(), vc.float(), tables[0], 1 + i)
+        torch.testing.assert_close(whole[i], ref, rtol=1e-5, atol=2e-6)
 
 
 def test_paged_attention_rejects_a_segment_past_its_table():

@@ -117,7 +117,7 @@ def _paths_from(folder: Path, opts: dict) -> dict:
 GROUPS: dict[str, tuple[str, ...]] = {
     "model and precision": (
         "--model", "--tokenizer", "--served-model-name", "--device", "--dtype", "--quantization",
-        "--activations", "--chat-template", "--seed",
+        "--activations", "--batch-invariant", "--chat-template", "--seed",
     ),
     "server": (
         "--host", "--port", "--api-key", "--tenants", "--default-max-tokens",

@@ -131,6 +131,13 @@ OPTIONS: tuple[Option, ...] = (
         "(activations quantized to int8 per block of 32, integer products)"
     ),
     Option(
+        "--batch-invariant", E + "batch_invariant", on_off, None,
+        "on (default): a request's greedy output and logprobs do not depend on what shares its "
+        "steps, how its prompt is chunked, prefix-cache hits, preemption or speculation (CPU "
+        "kernels: one step path for every size, paged attention for every prompt); off: the "
+        "step path measured fastest per size (docs/performance.md#same-request-same-answer)"
+    ),
+    Option(
         "--kv-cache-dtype", E + "kv_cache_dtype", str, None,
         "the KV cache's element type: auto (the model's dtype, default) | float32 | float16 | "
         "bfloat16 (fp16, bf16 too); a 16-bit cache holds twice the tokens in --kv-cache-gib "

@@ -57,6 +57,10 @@ class EngineArgs:
     # Products of the quantized kernels: float32, or bfloat16 (float32 sums) where the CPU has
     # AVX512_BF16; auto: bfloat16 there, float32 elsewhere (model/weights.py)
     activations: str = "auto"
+    # CPU kernels: outputs independent of the batch, chunking, prefix cache, preemption and
+    # speculation (one step path; every prompt through paged attention). False: fastest path
+    # per step size.
+    batch_invariant: bool = True
     # None: 1 GiB on the CPU; on CUDA what `gpu_memory_utilization` leaves (engine/builder.py)
     kv_cache_gib: float | None = None
     # CUDA: the share of the GPU's memory this engine may use (weights, activations, graphs and

@@ -131,6 +131,7 @@ def build_engine(
         activations=args.activations,
     )
     model.kv_dtype = kv_cache_dtype(args.kv_cache_dtype, model)
+    model.set_batch_invariant(args.batch_invariant)
     torch_threads = split_threads(model, args.cpu_threads, args.block_size)
     loaded.weights = {}  # the model took what it needs (the tokenizer stays: a draft model's
     # vocabulary is checked against it)
@@ -170,7 +171,10 @@ def build_engine(
             activations=args.activations,
             kv_dtype=model.kv_dtype,
         )
-    on_stage("measuring the step paths (a first start on this machine times them)")
+    if args.batch_invariant:
+        on_stage("preparing the executor (one step path for every size: --batch-invariant on)")
+    else:
+        on_stage("measuring the step paths (a first start on this machine times them)")
     executor = TorchExecutor(
         model,
         num_blocks,

@@ -83,7 +83,9 @@ class TorchExecutor:
             model.config.vocab_size, dev, _grammar_engine(tokenizer, model) if tokenizer else None
         )
         self._costs = self._measure() if measure else None
-        if measure:  # the fastest path per step size, measured once per machine and model
+        if measure and not model.batch_invariant:
+            # the fastest path per step size, measured once per machine and model (one path
+            # for every size keeps a row's bits whatever its step: the default plan)
             self.plan = load_or_measure(self)
         model.use_plan(self.plan)
         if graphs:

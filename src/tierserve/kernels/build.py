@@ -1,8 +1,8 @@
 """Compile tierserve's C++ CPU kernels for the machine at hand, once, into the environment.
 
 ``python -m tierserve.kernels.build`` (run by ``make setup``) compiles ``csrc/*.cpp`` with
-``-O3 -march=native -fopenmp`` through ``torch.utils.cpp_extension`` (ninja, from the
-``ninja`` package) into ``<sys.prefix>/tierserve-kernels/<key>/``, where the key hashes the
+``-O3 -march=native -ffp-contract=off -fopenmp`` through ``torch.utils.cpp_extension`` (ninja,
+from the ``ninja`` package) into ``<sys.prefix>/tierserve-kernels/<key>/``, where the key hashes the
 sources, the flags, the torch version and this CPU's feature flags: a checkout moved to a
 machine with another instruction set, or edited sources, get a fresh build rather than a stale
 or illegal one. At run time `load_prebuilt` imports that library without a compiler.
@@ -38,7 +38,9 @@ SOURCES = (
     "parallel.h",
     "pool.cpp",
 )
-CFLAGS = ("-O3", "-march=native", "-fopenmp")
+# -ffp-contract=off: no multiply-add is fused unless the source says so (vec.h's `vfma`), so the
+# kernels that promise the same bits for any batch, tiling or path round as written.
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 CSRC = Path(__file__).parent / "csrc"
 

@@ -75,6 +75,9 @@ class CausalLM(ABC):
             raise RuntimeError("kernels=True, but the compiled kernels do not apply or load")
         self.torch_attention = _torch_attention(self.device)
         self.kernel_attention = KernelPagedAttention(self.kernels) if self.kernels else None
+        # One step path for every step size and paged attention for fresh prompts, so that a
+        # row's output does not depend on its batch (set_batch_invariant; docs/kernels.md).
+        self.batch_invariant = True
         # Called between two decoder layers of every forward (not after the last): the engine's
         # cut-in point, where a step for a newly arrived P0 request may run while this one
         # waits (engine/async_engine.py). None: nothing is called.
@@ -118,6 +121,13 @@ class CausalLM(ABC):
         return tuple(
             p for p in PATHS if (p != "fused" or self.has_fused_layer()) and (p != "bf16" or offer)
         )
+
+    def set_batch_invariant(self, on: bool) -> None:
+        """Invariance on (the default) or off (the fastest path per step size, and fresh prompts
+        through PyTorch's SDPA on the ``kernel`` path)."""
+        self.batch_invariant = on
+        if self.kernel_attention is not None:
+            self.kernel_attention.invariant = on
 
     def use_plan(self, plan: StepPlan) -> None:  # noqa: B027 (a hook: most models need nothing)
         """The executor's plan, once known (measured, cached or the default)."""

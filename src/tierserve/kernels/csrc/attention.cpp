@@ -7,12 +7,16 @@
 // chunk continuing a cached prefix of P tokens is an n-row segment with ctx0 = P + 1).
 //
 // Work is split into (tile of rows of a segment) x (KV head) tasks across threads. A segment of
-// fewer than kLaneRows rows (decodes, speculative verification) goes row by row (run_task, below);
-// a longer one (a prompt chunk) by lanes (run_lanes, further down: ~2x PyTorch's SDPA on a
-// 160-token prompt here).
-// A task walks its context one cache block at a time, so every K/V block is read once per tile
-// for all rows of the tile and all query heads of the group (grouped-query attention), and keeps
-// an online softmax (running max, running sum, rescaled accumulator) per query head.
+// fewer than kLaneRows rows (decodes, speculative verification) goes by keys across lanes
+// (run_rows, below); a longer one (a prompt chunk) by queries across lanes (run_lanes, further
+// down: ~2x PyTorch's SDPA on a 160-token prompt here).
+// A task walks its context in order, so every K/V block is read once per tile for all rows of
+// the tile and all query heads of the group (grouped-query attention), and keeps an online
+// softmax (running max, running sum, rescaled accumulator) per query head.
+//
+// Both kernels compute each query by the same operations in the same order (see "One query's
+// arithmetic" below), so a row's output is the same bits whatever its segment: a prompt served
+// fresh, after a cached prefix, in chunks, recomputed after preemption, or a decode.
 //
 // The cache holds float32, float16 or bfloat16 (`--kv-cache-dtype`): a 16-bit cache is widened
 // to float32 as it is loaded (kv.h), so the arithmetic is the same float32 arithmetic either way,
@@ -40,7 +44,7 @@ constexpr int kLaneQueries = 3 * VL;  // queries (rows x group) of one run_lanes
 
 struct Task {
   int32_t row0, rows, table, ctx0, head;
-  bool lanes;  // run_lanes, else run_task
+  bool lanes;  // run_lanes, else run_rows
 };
 
 struct Geometry {
@@ -49,90 +53,154 @@ struct Geometry {
   float scale;
 };
 
-template <int DV, class T>  // head_dim / VL, the cache's element
-void run_task(const Task& t, const Geometry& g, const float* q, const T* kc, const T* vc,
-              const int32_t* tables, float* out) {
-  constexpr int D = DV * VL;
-  float m_run[kTile * kMaxGroup], l_run[kTile * kMaxGroup];
-  vf acc[kTile * kMaxGroup][DV];
-  vf qv[kTile * kMaxGroup][DV];
-  for (int i = 0; i < t.rows; ++i)
-    for (int h = 0; h < g.group; ++h) {
-      const int j = i * g.group + h;
-      const float* qp = q + (t.row0 + i) * g.q_row_stride + (t.head * g.group + h) * D;
-      for (int d = 0; d < DV; ++d) {
-        qv[j][d] = vload(qp + d * VL) * g.scale;
-        acc[j][d] = vf{};
-      }
-      m_run[j] = -std::numeric_limits<float>::infinity();
-      l_run[j] = 0.f;
+// Keys of one step of the online softmax, at positions fixed by the context (multiples of KP):
+// both kernels below update a query's running max, sum and accumulator once per such chunk.
+constexpr int KP = VL >= 16 ? 8 : 4;
+
+// One query's arithmetic, which both kernels below follow operation for operation, so that a
+// row's output does not depend on which kernel ran it (how many rows its segment had: a decode,
+// a verification, a fresh prompt, a chunk after a cached prefix) nor on its tile:
+//   score of key p: s = 0; s = fma(k[p][d], q[d] * scale, s) for d = 0, 1, ... (in order);
+//   per chunk of KP keys (keys past the row's context: -inf): mx = max(m, s...);
+//   alpha = exp(m - mx); m = mx; l = l * alpha; l += e_p (p in order), e_p = exp(s_p - mx);
+//   acc = acc * alpha; acc = fma(e_p, v[p], acc) (p in order); output acc * (1 / l).
+// A chunk past the row's context changes nothing (alpha = 1, e = 0), so a kernel may skip it.
+// The build compiles with -ffp-contract=off: every fused multiply-add is an explicit vfma.
+
+// A VL x VL tile in VL vectors, transposed in place (r[i][c] <- r[c][i]): at each level the
+// off-diagonal W x W sub-blocks swap (rows i and i + W exchange their lanes c with bit W set).
+template <int W>
+inline void vtranspose_level(vf (&r)[VL]) {
+  if constexpr (W >= 1) {
+    vi lo, hi;
+    for (int c = 0; c < VL; ++c) {
+      lo[c] = (c & W) ? VL + c - W : c;
+      hi[c] = (c & W) ? VL + c : c + W;
     }
+    for (int i = 0; i < VL; ++i)
+      if (!(i & W)) {
+        const vf a = r[i], b = r[i + W];
+        r[i] = __builtin_shuffle(a, b, lo);
+        r[i + W] = __builtin_shuffle(a, b, hi);
+      }
+    vtranspose_level<W / 2>(r);
+  }
+}
+
+inline void vtranspose(vf (&r)[VL]) { vtranspose_level<VL / 2>(r); }
+
+// Scores of queries [j0, j0 + JT) against the 4 * VL keys in `kt` (kt[d * SB + key]), each
+// the FMA chain over d in order: JT x 4 accumulators in registers.
+template <int D, int JT, int SB>
+inline void score_keys(const float* qs, const float* kt, float* sc, int j0) {
+  constexpr int NKV = SB / VL;
+  vf s[JT][NKV];
+  for (int jj = 0; jj < JT; ++jj)
+    for (int kv = 0; kv < NKV; ++kv) s[jj][kv] = vf{};
+  for (int d = 0; d < D; ++d) {
+    vf kd[NKV];
+    for (int kv = 0; kv < NKV; ++kv) kd[kv] = vload(kt + d * SB + kv * VL);
+    for (int jj = 0; jj < JT; ++jj) {
+      const vf qd = vbroadcast(qs[(j0 + jj) * D + d]);
+      for (int kv = 0; kv < NKV; ++kv) s[jj][kv] = vfma(kd[kv], qd, s[jj][kv]);
+    }
+  }
+  for (int jj = 0; jj < JT; ++jj)
+    for (int kv = 0; kv < NKV; ++kv) vstore(sc + (j0 + jj) * SB + kv * VL, s[jj][kv]);
+}
+
+// A segment of few rows (decodes, speculative verification), by keys across lanes: the keys of
+// 4 * VL positions are transposed into `kt`, so that one FMA scores VL keys against one query
+// in the order above, for every query of the task (rows x query heads of the group: the keys
+// are read once for all of them). Then per chunk of KP keys each query's softmax step and its
+// weighted values, its accumulator in registers.
+template <int DV, class T>  // head_dim / VL, the cache's element
+void run_rows(const Task& t, const Geometry& g, const float* q, const T* kc, const T* vc,
+              const int32_t* tables, float* out) {
+  constexpr int D = DV * VL, SB = 4 * VL, NKV = SB / VL, JT = VL >= 16 ? 4 : 2;
+  constexpr int NQ = kTile * kMaxGroup;
+  const int G = static_cast<int>(g.group), nq = t.rows * G;
+  alignas(64) float qs[NQ * D];         // scaled queries
+  alignas(64) float kt[D * SB];         // keys of this span of positions, transposed
+  alignas(64) float sc[NQ * SB + VL];   // their scores, per query (+ a vector's overrun)
+  vf acc[NQ][DV];
+  float m_run[NQ], l_run[NQ];
+  int64_t lim[NQ];
+  for (int j = 0; j < nq; ++j) {
+    const int i = j / G, h = j % G;
+    const float* qp = q + (t.row0 + i) * g.q_row_stride + (t.head * g.group + h) * D;
+    for (int d = 0; d < D; ++d) qs[j * D + d] = qp[d] * g.scale;
+    for (int d = 0; d < DV; ++d) acc[j][d] = vf{};
+    m_run[j] = -std::numeric_limits<float>::infinity();
+    l_run[j] = 0.f;
+    lim[j] = t.ctx0 + i;  // keys [0, lim) are visible
+  }
   const int64_t bs = g.block_size;
   const int64_t ctx_max = t.ctx0 + t.rows - 1;
   const int32_t* table = tables + static_cast<int64_t>(t.table) * g.table_width;
   const T* kh = kc + t.head * g.blocks * bs * D;
   const T* vh = vc + t.head * g.blocks * bs * D;
-  const int G = static_cast<int>(g.group);
-  alignas(64) float s[kMaxGroup][kMaxBlock];  // one block's scores, per query head of a row
-  alignas(64) float ew[kMaxGroup][VL];        // their exponentials, VL keys at a time
-  float mx[kMaxGroup], lsum[kMaxGroup];
-  for (int64_t p0 = 0; p0 < ctx_max; p0 += bs) {
-    const int64_t blk = table[p0 / bs];
-    const T* kb = kh + blk * bs * D;
-    const T* vb = vh + blk * bs * D;
-    const int64_t n_block = std::min(bs, ctx_max - p0);
-    for (int i = 0; i < t.rows; ++i) {
-      const int64_t valid = std::min(n_block, t.ctx0 + i - p0);  // causal limit of row i
-      if (valid <= 0) continue;
-      for (int h = 0; h < G; ++h) {
-        const int j = i * G + h;
-        // Scores VL keys at a time (the block holds whole vectors of keys: those past `valid`
-        // are read and ignored), summed across lanes together: the same sums as one vsum each.
-        for (int64_t c = 0; c < valid; c += VL) {
-          vf dots[VL];
-          for (int u = 0; u < VL; ++u) {
-            const T* kp = kb + (c + u) * D;
-            vf dot = qv[j][0] * kv_load(kp);
-            for (int d = 1; d < DV; ++d) dot += qv[j][d] * kv_load(kp + d * VL);
-            dots[u] = dot;
-          }
-          vstore(s[h] + c, vsum_lanes(dots));
-        }
-        float m = m_run[j];
-        for (int64_t p = 0; p < valid; ++p) m = std::max(m, s[h][p]);
-        const float alpha = std::exp(m_run[j] - m);  // 0 on the first block (-inf - m)
-        m_run[j] = m;
-        mx[h] = m;
-        lsum[h] = l_run[j] * alpha;
-        for (int d = 0; d < DV; ++d) acc[j][d] *= alpha;
+  const vf neg_inf = vbroadcast(-std::numeric_limits<float>::infinity());
+  vf iota;
+  for (int u = 0; u < VL; ++u) iota[u] = static_cast<float>(u);
+  for (int64_t s0 = 0; s0 < ctx_max; s0 += SB) {
+    const int64_t n_sb = std::min<int64_t>(SB, ctx_max - s0);
+    const int nvec = static_cast<int>((n_sb + VL - 1) / VL);
+    for (int kv = 0; kv < NKV; ++kv) {  // VL keys lie in one cache block (bs % VL == 0)
+      if (kv >= nvec) {  // past the context: zeros, scored and masked
+        for (int d = 0; d < D; ++d) vstore(kt + d * SB + kv * VL, vf{});
+        continue;
       }
-      // The weighted values: each key's V row is loaded once for the row's query heads, whose
-      // sums run side by side (each in key order, as one head alone would sum them).
-      for (int64_t p = 0; p < valid; p += VL) {
-        for (int h = 0; h < G; ++h) vstore(ew[h], vexp_nonpos(vload(s[h] + p) - mx[h]));
-        const int64_t n = std::min<int64_t>(VL, valid - p);
-        for (int64_t u = 0; u < n; ++u) {
-          const T* vp = vb + (p + u) * D;
-          vf vv[DV];
-          for (int d = 0; d < DV; ++d) vv[d] = kv_load(vp + d * VL);
-          for (int h = 0; h < G; ++h) {
-            const float w = ew[h][u];
-            lsum[h] += w;
-            vf* a = acc[i * G + h];
-            for (int d = 0; d < DV; ++d) a[d] += w * vv[d];
-          }
-        }
+      const int64_t p = s0 + kv * VL;
+      const T* kb = kh + (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * D;
+      for (int dv = 0; dv < DV; ++dv) {
+        vf r[VL];
+        for (int u = 0; u < VL; ++u) r[u] = kv_load(kb + u * D + dv * VL);
+        vtranspose(r);
+        for (int u = 0; u < VL; ++u) vstore(kt + (dv * VL + u) * SB + kv * VL, r[u]);
       }
-      for (int h = 0; h < G; ++h) l_run[i * G + h] = lsum[h];
+    }
+    int j0 = 0;
+    for (; j0 + JT <= nq; j0 += JT) score_keys<D, JT, SB>(qs, kt, sc, j0);
+    for (; j0 < nq; ++j0) score_keys<D, 1, SB>(qs, kt, sc, j0);
+    for (int64_t c0 = 0; c0 < n_sb; c0 += KP) {
+      const int64_t pos0 = s0 + c0;
+      const int kp = static_cast<int>(std::min<int64_t>(KP, n_sb - c0));
+      const T* vrow[KP];
+      for (int p = 0; p < kp; ++p) {
+        const int64_t pos = pos0 + p;
+        vrow[p] = vh + (static_cast<int64_t>(table[pos / bs]) * bs + pos % bs) * D;
+      }
+      const vf posv = iota + static_cast<float>(pos0);
+      for (int j = 0; j < nq; ++j) {
+        if (pos0 >= lim[j]) continue;  // past this row's context: no change
+        const int n = static_cast<int>(std::min<int64_t>(kp, lim[j] - pos0));  // visible keys
+        const vf sv = vload(sc + j * SB + c0);
+        const vf e = posv < static_cast<float>(pos0 + n) ? sv : neg_inf;
+        float mx = m_run[j];
+        for (int p = 0; p < KP; ++p) mx = e[p] > mx ? e[p] : mx;
+        const float alpha = vexp_nonpos(vbroadcast(m_run[j]) - mx)[0];
+        m_run[j] = mx;
+        const vf ev = vexp_nonpos(e - mx);
+        float lv = l_run[j] * alpha;
+        for (int p = 0; p < KP; ++p) lv += ev[p];
+        l_run[j] = lv;
+        vf a[DV];
+        for (int d = 0; d < DV; ++d) a[d] = acc[j][d] * alpha;
+        for (int p = 0; p < n; ++p) {
+          const vf w = vbroadcast(ev[p]);
+          for (int d = 0; d < DV; ++d) a[d] = vfma(w, kv_load(vrow[p] + d * VL), a[d]);
+        }
+        for (int d = 0; d < DV; ++d) acc[j][d] = a[d];
+      }
     }
   }
-  for (int i = 0; i < t.rows; ++i)
-    for (int h = 0; h < g.group; ++h) {
-      const int j = i * g.group + h;
-      float* op = out + (t.row0 + i) * g.out_row_stride + (t.head * g.group + h) * D;
-      const float inv = 1.f / l_run[j];
-      for (int d = 0; d < DV; ++d) vstore(op + d * VL, acc[j][d] * inv);
-    }
+  for (int j = 0; j < nq; ++j) {
+    const int i = j / G, h = j % G;
+    float* op = out + (t.row0 + i) * g.out_row_stride + (t.head * g.group + h) * D;
+    const float inv = 1.f / l_run[j];
+    for (int d = 0; d < DV; ++d) vstore(op + d * VL, acc[j][d] * inv);
+  }
 }
 
 
@@ -143,11 +211,11 @@ void run_task(const Task& t, const Geometry& g, const float* q, const T* kc, con
 // KP at a time at positions fixed by the context (not by the task), and each lane's arithmetic
 // is the same whatever shares its task, so a row's result does not depend on how its prompt
 // was chunked or tiled. One-row segments (decodes) and short ones (speculative verification)
-// keep run_task: a decode's few queries would fill few lanes.
+// go by run_rows: a decode's few queries would fill few lanes.
 template <int DV, int QL, class T>
 void run_lanes(const Task& t, const Geometry& g, const float* q, const T* kc, const T* vc,
                const int32_t* tables, float* out) {
-  constexpr int D = DV * VL, NQ = QL * VL, KP = VL >= 16 ? 8 : 4, JB = 4;
+  constexpr int D = DV * VL, NQ = QL * VL, JB = 4;
   const int nq = t.rows * static_cast<int>(g.group);
   alignas(64) float qt[D * NQ];   // scaled queries, transposed: qt[d * NQ + j]
   alignas(64) float acc[NQ * D];  // acc[j * D + d]
@@ -196,7 +264,7 @@ void run_lanes(const Task& t, const Geometry& g, const float* q, const T* kc, co
         for (int v = 0; v < QL; ++v) qd[v] = vload(qt + d * NQ + v * VL);
         for (int p = 0; p < KP; ++p) {
           const vf kd = vbroadcast(kb[(c0 + p) * D + d]);
-          for (int v = 0; v < QL; ++v) s[p][v] += kd * qd[v];
+          for (int v = 0; v < QL; ++v) s[p][v] = vfma(kd, qd[v], s[p][v]);
         }
       }
       const vf neg_inf = vbroadcast(-std::numeric_limits<float>::infinity());
@@ -227,7 +295,7 @@ void run_lanes(const Task& t, const Geometry& g, const float* q, const T* kc, co
           for (int dv = 0; dv < DV; ++dv) vv[dv] = kv_load(vb + (c0 + p) * D + dv * VL);
           for (int b = 0; b < JB; ++b) {
             const vf w = vbroadcast(pr[p * NQ + j + b]);
-            for (int dv = 0; dv < DV; ++dv) a[b][dv] += w * vv[dv];
+            for (int dv = 0; dv < DV; ++dv) a[b][dv] = vfma(w, vv[dv], a[b][dv]);
           }
         }
         for (int b = 0; b < JB; ++b)
@@ -268,7 +336,7 @@ void run_one_task(int64_t dv, const Task& t, const Geometry& g, const float* q, 
   }
   switch (dv) {
 #define TS_CASE(n) \
-  case n: return run_task<n>(t, g, q, kc, vc, tables, out);
+  case n: return run_rows<n>(t, g, q, kc, vc, tables, out);
     TS_CASE(1) TS_CASE(2) TS_CASE(4) TS_CASE(6) TS_CASE(8) TS_CASE(16) TS_CASE(32)
 #undef TS_CASE
   }
@@ -339,8 +407,8 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
                     row0 + rows <= q.size(0) &&
                     (ctx0 + rows - 1 + g.block_size - 1) / g.block_size <= g.table_width,
                 "paged_attention: segment ", s, " out of range");
-    // A long segment goes by lanes (run_lanes: up to kLaneQueries queries a task), a short
-    // one row by row (run_task).
+    // A long segment goes by queries across lanes (run_lanes: up to kLaneQueries queries a
+    // task), a short one by keys across lanes (run_rows).
     const bool lanes = rows >= kLaneRows;
     const int32_t tile = lanes ? static_cast<int32_t>(lane_rows) : kTile;
     for (int32_t r = 0; r < rows; r += tile)

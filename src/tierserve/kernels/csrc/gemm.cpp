@@ -56,7 +56,7 @@ void tail(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t M, i
     for (int64_t n = n0; n < n1; ++n) {
       float s = accumulate ? c[m * ldc + n] : 0.f;
       if (bias) s += bias[n];
-      for (int64_t k = 0; k < K; ++k) s += a[m * lda + k] * w[k * ldw + n];
+      for (int64_t k = 0; k < K; ++k) s = std::fma(a[m * lda + k], w[k * ldw + n], s);
       c[m * ldc + n] = s;
     }
 }

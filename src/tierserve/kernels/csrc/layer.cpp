@@ -37,7 +37,7 @@ void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t 
       int64_t i = 0;
       for (; i + VL <= n; i += VL) {
         vf v = vload(xr + i);
-        acc += v * v;
+        acc = vfma(v, v, acc);
       }
       float ss = vsum(acc);
       for (; i < n; ++i) ss += xr[i] * xr[i];

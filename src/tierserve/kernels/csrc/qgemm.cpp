@@ -217,7 +217,8 @@ void tail_columns(const float* a, int64_t lda, const QView& w, int64_t M, int64_
     for (int64_t n = n0; n < n1; ++n) {
       float s = accumulate ? c[m * ldc + n] : 0.f;
       if (bias) s += bias[n];
-      for (int64_t r = 0; r < w.K; ++r) s += a[m * lda + k_of_row(w.fmt, r)] * w.value(r, n);
+      for (int64_t r = 0; r < w.K; ++r)
+        s = std::fma(a[m * lda + k_of_row(w.fmt, r)], w.value(r, n), s);
       c[m * ldc + n] = s;
     }
 }
@@ -531,7 +532,7 @@ float QView::value(int64_t r, int64_t n) const {
   const int64_t i = r % kBlock;
   const uint8_t byte = static_cast<const uint8_t*>(q)[(b * (kBlock / 2) + i / 2) * N + n];
   const float qv = static_cast<float>(i % 2 ? byte >> 4 : byte & 15);
-  return qv * dv + half_to_float(m[b * N + n]);
+  return std::fma(qv, dv, half_to_float(m[b * N + n]));  // as the vector path's vfma
 }
 
 QView QWeight::view() const {

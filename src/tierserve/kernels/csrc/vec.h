@@ -1,6 +1,7 @@
 // Portable SIMD through GCC vector extensions: one `vf` is the widest float vector the build
-// machine has (-march=native): 16 lanes with AVX-512, 8 with AVX2/AVX, 4 otherwise. The compiler
-// lowers `a * b + c` to FMA where the machine has it.
+// machine has (-march=native): 16 lanes with AVX-512, 8 with AVX2/AVX, 4 otherwise. The build
+// passes -ffp-contract=off: `a * b + c` rounds twice, and a fused multiply-add is an explicit
+// `vfma`, so that every kernel's rounding is what its source says.
 #pragma once
 
 #include <immintrin.h>
@@ -30,16 +31,13 @@ inline vf vbroadcast(float x) { return vf{} + x; }
 // a * b + c in one rounding. Explicit, not left to the compiler's contraction of `a * b + c`:
 // GCC contracts it in some inlined instances of a template and not in others (measured: an
 // AVX2 build's one-vector GEMM tile ran vmulps + vaddps where the wider tiles ran FMA), and
-// kernels that promise the same bits for any tiling or thread count need one rounding rule.
+// kernels that promise the same bits for any tiling, path or thread count need one rounding
+// rule. One instruction in asm: through the intrinsic GCC 12 kept run_lanes' 24 score
+// accumulators in memory as well as in registers (a store after every FMA, 1.45x slower).
 inline vf vfma(vf a, vf b, vf c) {
-#if defined(__AVX512F__)
-  return reinterpret_cast<vf>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a),
-                                              reinterpret_cast<__m512>(b),
-                                              reinterpret_cast<__m512>(c)));
-#elif defined(__AVX__) && defined(__FMA__)
-  return reinterpret_cast<vf>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a),
-                                              reinterpret_cast<__m256>(b),
-                                              reinterpret_cast<__m256>(c)));
+#if defined(__AVX512F__) || (defined(__AVX__) && defined(__FMA__))
+  asm("vfmadd231ps %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
+  return c;
 #else
   return a * b + c;
 #endif
@@ -95,11 +93,11 @@ inline vf vexp_nonpos(vf x) {
   vf r = xc - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
   vf p = vbroadcast(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  p = vfma(p, r, vbroadcast(1.3981999507e-3f));
+  p = vfma(p, r, vbroadcast(8.3334519073e-3f));
+  p = vfma(p, r, vbroadcast(4.1665795894e-2f));
+  p = vfma(p, r, vbroadcast(1.6666665459e-1f));
+  p = vfma(p, r, vbroadcast(5.0000001201e-1f));
   p = p * r * r + r + 1.0f;
   vi e = (__builtin_convertvector(n, vi) + 127) << 23;
   vf scale;
@@ -122,14 +120,14 @@ inline vf vlog_pos(vf x) {
   m = m + (small ? m : vf{}) - 1.0f;
   vf z = m * m;
   vf y = vbroadcast(7.0376836292e-2f);
-  y = y * m - 1.1514610310e-1f;
-  y = y * m + 1.1676998740e-1f;
-  y = y * m - 1.2420140846e-1f;
-  y = y * m + 1.4249322787e-1f;
-  y = y * m - 1.6668057665e-1f;
-  y = y * m + 2.0000714765e-1f;
-  y = y * m - 2.4999993993e-1f;
-  y = y * m + 3.3333331174e-1f;
+  y = vfma(y, m, vbroadcast(-1.1514610310e-1f));
+  y = vfma(y, m, vbroadcast(1.1676998740e-1f));
+  y = vfma(y, m, vbroadcast(-1.2420140846e-1f));
+  y = vfma(y, m, vbroadcast(1.4249322787e-1f));
+  y = vfma(y, m, vbroadcast(-1.6668057665e-1f));
+  y = vfma(y, m, vbroadcast(2.0000714765e-1f));
+  y = vfma(y, m, vbroadcast(-2.4999993993e-1f));
+  y = vfma(y, m, vbroadcast(3.3333331174e-1f));
   y = y * m * z;
   y = y + ef * -2.12194440e-4f - 0.5f * z;
   return m + y + ef * 0.693359375f;

@@ -2,9 +2,11 @@
 paged cache through the executor's persistent int32 block tables, no gathered copy.
 
 A *segment* (row0, rows, table row, context of the first row) is a run of rows of one request
-with causal contexts: a decode, or a chunk continuing cached tokens. A chunk from position 0
-attends to its own keys through SDPA, unless the step is fused: then its keys are in the cache
-before it attends and it is a segment too (the fused decoder layer needs every row in one).
+with causal contexts: a decode, or a chunk continuing cached tokens. A chunk from position 0 is
+a segment too (its keys are in the cache before it attends), so that its rows are the bits a
+cached prefix or a decode would give (`invariant`, the default; the fused decoder layer needs
+every row in one anyway); with invariance off, on the op-by-op path it attends to its own keys
+through SDPA.
 
 It runs causal attention with any score scale; sliding windows and soft-capping are the
 PyTorch backend's (a model with them runs the ``mixed`` path, `model/plan.py`)."""
@@ -41,6 +43,7 @@ class KernelPagedAttention(AttentionBackend):
 
     def __init__(self, kernels) -> None:
         self.kernels = kernels
+        self.invariant = True  # fresh prompts as segments (Model.set_batch_invariant)
 
     def supports(self, spec: AttentionSpec, group: int, head_dim: int, block_size: int) -> bool:
         if spec.window is not None or spec.softcap is not None:
@@ -49,7 +52,7 @@ class KernelPagedAttention(AttentionBackend):
 
     def build(self, layout: BatchLayout, fused: bool = False) -> KernelMetadata:
         starts, counts, rows = layout.starts, layout.counts, layout.rows
-        cached = (starts >= 0) if fused else (starts > 0)
+        cached = (starts >= 0) if (fused or self.invariant) else (starts > 0)
         seg = np.stack([rows, counts, layout.table_rows, starts + 1], axis=1)[cached]
         meta = KernelMetadata(
             self,
