@@ -7,11 +7,13 @@ import itertools
 import pytest
 import torch
 
+from tests.helpers import tiled_k
 from tierserve import kernels
 
 if kernels.mode() == "off":
     pytest.skip("TIERSERVE_KERNELS=off", allow_module_level=True)
 EXT = kernels.get()
+LANES = EXT.vector_lanes() if EXT is not None else 16
 
 
 def test_kernels_load_when_not_switched_off():
@@ -85,7 +87,7 @@ def test_paged_attention_matches_reference(heads, kv_heads, dim):
     q = q_full[:, :heads]  # strided rows, as the model passes them
     out = torch.zeros(rows, heads, dim)
     seg = torch.tensor(segments, dtype=torch.int32)
-    EXT.paged_attention_into(q, kc, vc, tables, seg, dim**-0.5, out)
+    EXT.paged_attention_into(q, tiled_k(kc, LANES), vc, tables, seg, dim**-0.5, out)
     for row0, n, t, ctx0 in segments:
         for i in range(n):
             ref = reference_attention(q[row0 + i], kc, vc, tables[t], ctx0 + i)
@@ -114,7 +116,7 @@ def test_long_segments_go_by_lanes_and_match_the_reference(heads, kv_heads, dim,
     q = torch.randn(rows, heads + kv_heads, dim, generator=g)[:, :heads]
     out = torch.zeros(rows, heads, dim)
     EXT.paged_attention_into(
-        q, kc, vc, tables, torch.tensor(segments, dtype=torch.int32), dim**-0.5, out
+        q, tiled_k(kc, LANES), vc, tables, torch.tensor(segments, dtype=torch.int32), dim**-0.5, out
     )
     for row0, n, t, ctx0 in segments:
         for i in range(0, n, 7):
@@ -124,7 +126,7 @@ def test_long_segments_go_by_lanes_and_match_the_reference(heads, kv_heads, dim,
     cut = span // 2
     split = torch.tensor([(0, cut, 0, 1), (cut, span - cut, 0, 1 + cut)], dtype=torch.int32)
     again = torch.zeros(rows, heads, dim)
-    EXT.paged_attention_into(q, kc, vc, tables, split, dim**-0.5, again)
+    EXT.paged_attention_into(q, tiled_k(kc, LANES), vc, tables, split, dim**-0.5, again)
     assert torch.equal(again[:span], out[:span])
 
 
@@ -146,11 +148,13 @@ def test_a_verification_row_is_bit_identical_to_the_same_row_decoded_alone(
         q = torch.randn(rows, heads, dim, generator=g)
         out = torch.zeros(rows, heads, dim)
         seg = torch.tensor([(0, rows, 1, ctx0)], dtype=torch.int32)
-        EXT.paged_attention_into(q, kc, vc, tables, seg, dim**-0.5, out)
+        EXT.paged_attention_into(q, tiled_k(kc, LANES), vc, tables, seg, dim**-0.5, out)
         for i in range(rows):
             alone = torch.zeros(1, heads, dim)
             one = torch.tensor([(0, 1, 1, ctx0 + i)], dtype=torch.int32)
-            EXT.paged_attention_into(q[i : i + 1], kc, vc, tables, one, dim**-0.5, alone)
+            EXT.paged_attention_into(
+                q[i : i + 1], tiled_k(kc, LANES), vc, tables, one, dim**-0.5, alone
+            )
             assert torch.equal(alone[0], out[i]), (rows, ctx0, i)
             ref = reference_attention(q[i], kc.float(), vc.float(), tables[1], ctx0 + i)
             torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=2e-6)
@@ -180,7 +184,7 @@ def test_a_row_is_the_same_bits_whichever_kernel_runs_it(heads, kv_heads, dim, b
         edges = [0, *cuts, span]
         seg = [(a, b - a, 0, 1 + a) for a, b in itertools.pairwise(edges) if b > a]
         EXT.paged_attention_into(
-            q, kc, vc, tables, torch.tensor(seg, dtype=torch.int32), dim**-0.5, out
+            q, tiled_k(kc, LANES), vc, tables, torch.tensor(seg, dtype=torch.int32), dim**-0.5, out
         )
         return out
 

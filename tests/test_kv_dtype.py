@@ -7,12 +7,14 @@ a name it does not know is a clear error."""
 import pytest
 import torch
 
+from tests.helpers import tiled_k
 from tests.test_model import GREEDY, chat_ids, rel_err, run_path
 from tierserve import kernels
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.builder import build_engine
 from tierserve.executor.state import RequestState
 from tierserve.executor.torch_executor import TorchExecutor
+from tierserve.model.attention.base import read_k
 from tierserve.model.loader import load_model
 from tierserve.model.models.llama import LlamaForCausalLM
 from tierserve.request import Request
@@ -49,8 +51,9 @@ def test_kernel_reads_a_16bit_cache_as_the_float32_kernel_reads_its_values(
     q = torch.randn(rows, heads + kv_heads, dim, generator=g)[:, :heads]
     seg = torch.tensor(segments, dtype=torch.int32)
     narrow, wide = torch.zeros(rows, heads, dim), torch.zeros(rows, heads, dim)
-    EXT.paged_attention_into(q, kc, vc, tables, seg, dim**-0.5, narrow)
-    EXT.paged_attention_into(q, kc.float(), vc.float(), tables, seg, dim**-0.5, wide)
+    kt = tiled_k(kc, EXT.vector_lanes())
+    EXT.paged_attention_into(q, kt, vc, tables, seg, dim**-0.5, narrow)
+    EXT.paged_attention_into(q, kt.float(), vc.float(), tables, seg, dim**-0.5, wide)
     torch.testing.assert_close(narrow, wide, rtol=1e-6, atol=1e-7)
     assert narrow.abs().sum() > 0
 
@@ -100,7 +103,7 @@ def test_the_fused_layer_rounds_what_it_writes_as_torch_does(dtype):
         caches[dt] = (kc, vc, x)
     k32, v32, x32 = caches[torch.float32]
     k16, v16, x16 = caches[dtype]
-    written = k32.view(kvh, -1, d)[:, :t]
+    written = read_k(k32, slots, EXT.vector_lanes())  # [kvh, t, d]
     assert written.abs().min() > 0  # every slot of the step was written
     assert torch.equal(k16, k32.to(dtype)) and torch.equal(v16, v32.to(dtype))
     assert not torch.equal(k16.float(), k32)  # the rounding happened

@@ -74,6 +74,8 @@ class CausalLM(ABC):
         if kernels and self.kernels is None:
             raise RuntimeError("kernels=True, but the compiled kernels do not apply or load")
         self.torch_attention = _torch_attention(self.device)
+        if self.kernels is not None:  # one K cache layout for both backends: the kernels'
+            self.torch_attention.k_tile = self.kernels.vector_lanes()
         self.kernel_attention = KernelPagedAttention(self.kernels) if self.kernels else None
         # One step path for every step size and paged attention for fresh prompts, so that a
         # row's output does not depend on its batch (set_batch_invariant; docs/kernels.md).

@@ -1,6 +1,10 @@
 // Paged attention straight from the KV cache: no gathered copy of any context.
 //
-// Cache layout (one layer, K and V alike): [kv_heads, num_blocks, block_size, head_dim].
+// Cache layout (one layer): [kv_heads, num_blocks, block_size, head_dim]. V holds each key's
+// values in a row; K holds each block as block_size / VL tiles of VL keys, dimension-major
+// (key u, dim d of a block at ((u / VL) * head_dim + d) * VL + u % VL: kv.h's k_offset), so that
+// one vector load reads dimension d of VL keys (run_rows) and the writers store keys there
+// (layer.cpp, attention/base.py's write_kv with `k_tile`).
 // A *segment* is a run of consecutive query rows of one sequence: row i of segment s sits at
 // flat row `row0 + i`, reads its context through block-table row `table` and attends to
 // positions [0, ctx0 + i) (so a decode is a 1-row segment with ctx0 = its length, and a prefill
@@ -67,39 +71,17 @@ constexpr int KP = VL >= 16 ? 8 : 4;
 // A chunk past the row's context changes nothing (alpha = 1, e = 0), so a kernel may skip it.
 // The build compiles with -ffp-contract=off: every fused multiply-add is an explicit vfma.
 
-// A VL x VL tile in VL vectors, transposed in place (r[i][c] <- r[c][i]): at each level the
-// off-diagonal W x W sub-blocks swap (rows i and i + W exchange their lanes c with bit W set).
-template <int W>
-inline void vtranspose_level(vf (&r)[VL]) {
-  if constexpr (W >= 1) {
-    vi lo, hi;
-    for (int c = 0; c < VL; ++c) {
-      lo[c] = (c & W) ? VL + c - W : c;
-      hi[c] = (c & W) ? VL + c : c + W;
-    }
-    for (int i = 0; i < VL; ++i)
-      if (!(i & W)) {
-        const vf a = r[i], b = r[i + W];
-        r[i] = __builtin_shuffle(a, b, lo);
-        r[i + W] = __builtin_shuffle(a, b, hi);
-      }
-    vtranspose_level<W / 2>(r);
-  }
-}
-
-inline void vtranspose(vf (&r)[VL]) { vtranspose_level<VL / 2>(r); }
-
-// Scores of queries [j0, j0 + JT) against the 4 * VL keys in `kt` (kt[d * SB + key]), each
-// the FMA chain over d in order: JT x 4 accumulators in registers.
+// Scores of queries [j0, j0 + JT) against 4 * VL keys, VL per K tile (tile[kv][d * VL + u]),
+// each the FMA chain over d in order: JT x 4 accumulators in registers.
 template <int D, int JT, int SB>
-inline void score_keys(const float* qs, const float* kt, float* sc, int j0) {
+inline void score_keys(const float* qs, const float* const* tile, float* sc, int j0) {
   constexpr int NKV = SB / VL;
   vf s[JT][NKV];
   for (int jj = 0; jj < JT; ++jj)
     for (int kv = 0; kv < NKV; ++kv) s[jj][kv] = vf{};
   for (int d = 0; d < D; ++d) {
     vf kd[NKV];
-    for (int kv = 0; kv < NKV; ++kv) kd[kv] = vload(kt + d * SB + kv * VL);
+    for (int kv = 0; kv < NKV; ++kv) kd[kv] = vload(tile[kv] + d * VL);
     for (int jj = 0; jj < JT; ++jj) {
       const vf qd = vbroadcast(qs[(j0 + jj) * D + d]);
       for (int kv = 0; kv < NKV; ++kv) s[jj][kv] = vfma(kd[kv], qd, s[jj][kv]);
@@ -109,11 +91,11 @@ inline void score_keys(const float* qs, const float* kt, float* sc, int j0) {
     for (int kv = 0; kv < NKV; ++kv) vstore(sc + (j0 + jj) * SB + kv * VL, s[jj][kv]);
 }
 
-// A segment of few rows (decodes, speculative verification), by keys across lanes: the keys of
-// 4 * VL positions are transposed into `kt`, so that one FMA scores VL keys against one query
-// in the order above, for every query of the task (rows x query heads of the group: the keys
-// are read once for all of them). Then per chunk of KP keys each query's softmax step and its
-// weighted values, its accumulator in registers.
+// A segment of few rows (decodes, speculative verification), by keys across lanes: one FMA
+// scores a K tile's VL keys against one query in the order above (the tiles of 4 * VL
+// positions at a time, for every query of the task: rows x query heads of the group, so the
+// keys are read once for all of them). Then per chunk of KP keys each query's softmax step and
+// its weighted values, its accumulator in registers.
 template <int DV, class T>  // head_dim / VL, the cache's element
 void run_rows(const Task& t, const Geometry& g, const float* q, const T* kc, const T* vc,
               const int32_t* tables, float* out) {
@@ -121,7 +103,7 @@ void run_rows(const Task& t, const Geometry& g, const float* q, const T* kc, con
   constexpr int NQ = kTile * kMaxGroup;
   const int G = static_cast<int>(g.group), nq = t.rows * G;
   alignas(64) float qs[NQ * D];         // scaled queries
-  alignas(64) float kt[D * SB];         // keys of this span of positions, transposed
+  alignas(64) float kw[D * SB];         // a 16-bit cache's K tiles of this span, widened
   alignas(64) float sc[NQ * SB + VL];   // their scores, per query (+ a vector's overrun)
   vf acc[NQ][DV];
   float m_run[NQ], l_run[NQ];
@@ -146,23 +128,31 @@ void run_rows(const Task& t, const Geometry& g, const float* q, const T* kc, con
   for (int64_t s0 = 0; s0 < ctx_max; s0 += SB) {
     const int64_t n_sb = std::min<int64_t>(SB, ctx_max - s0);
     const int nvec = static_cast<int>((n_sb + VL - 1) / VL);
-    for (int kv = 0; kv < NKV; ++kv) {  // VL keys lie in one cache block (bs % VL == 0)
-      if (kv >= nvec) {  // past the context: zeros, scored and masked
-        for (int d = 0; d < D; ++d) vstore(kt + d * SB + kv * VL, vf{});
+    const float* tile[NKV];
+    for (int kv = 0; kv < NKV; ++kv) {  // a tile lies in one cache block (bs % VL == 0)
+      if (kv >= nvec) {  // past the context: the last tile again, scored and masked
+        tile[kv] = tile[nvec - 1];
         continue;
       }
       const int64_t p = s0 + kv * VL;
-      const T* kb = kh + (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * D;
-      for (int dv = 0; dv < DV; ++dv) {
-        vf r[VL];
-        for (int u = 0; u < VL; ++u) r[u] = kv_load(kb + u * D + dv * VL);
-        vtranspose(r);
-        for (int u = 0; u < VL; ++u) vstore(kt + (dv * VL + u) * SB + kv * VL, r[u]);
+      const T* kb = kh + static_cast<int64_t>(table[p / bs]) * bs * D + (p % bs) * D;
+      if constexpr (std::is_same_v<T, float>) {
+        tile[kv] = kb;
+      } else {
+        for (int i = 0; i < D * VL; i += VL) vstore(kw + kv * D * VL + i, kv_load(kb + i));
+        tile[kv] = kw + kv * D * VL;
       }
     }
+    // JT queries at a time, the rest together (a decode of a 3-head group: all 3 at once, so
+    // that 12 independent chains hide the FMA latency)
     int j0 = 0;
-    for (; j0 + JT <= nq; j0 += JT) score_keys<D, JT, SB>(qs, kt, sc, j0);
-    for (; j0 < nq; ++j0) score_keys<D, 1, SB>(qs, kt, sc, j0);
+    for (; j0 + JT <= nq; j0 += JT) score_keys<D, JT, SB>(qs, tile, sc, j0);
+    switch (nq - j0) {
+      case 1: score_keys<D, 1, SB>(qs, tile, sc, j0); break;
+      case 2: score_keys<D, 2, SB>(qs, tile, sc, j0); break;
+      case 3: score_keys<D, 3, SB>(qs, tile, sc, j0); break;
+      default: break;
+    }
     for (int64_t c0 = 0; c0 < n_sb; c0 += KP) {
       const int64_t pos0 = s0 + c0;
       const int kp = static_cast<int>(std::min<int64_t>(KP, n_sb - c0));
@@ -240,22 +230,27 @@ void run_lanes(const Task& t, const Geometry& g, const float* q, const T* kc, co
   const T* kh = kc + t.head * g.blocks * bs * D;
   const T* vh = vc + t.head * g.blocks * bs * D;
   const int jmax = (nq + JB - 1) / JB * JB;
-  alignas(64) float kw[KP * D];  // a 16-bit cache's keys of this chunk, widened once
+  alignas(64) float kw[D * VL];  // a 16-bit cache's K tile of this chunk, widened once
   for (int64_t p0 = 0; p0 < ctx_max; p0 += bs) {
     const int64_t blk = table[p0 / bs];
     const T* kbt = kh + blk * bs * D;
     const T* vb = vh + blk * bs * D;
     const int64_t n_block = std::min(bs, ctx_max - p0);
+    const float* kt = nullptr;
     for (int64_t c0 = 0; c0 < n_block; c0 += KP) {
       const int kp = static_cast<int>(std::min<int64_t>(KP, n_block - c0));
-      // keys [c0, c0 + KP) as float32 (those past kp lie inside the block: read and masked)
-      const float* kb;
-      if constexpr (std::is_same_v<T, float>) {
-        kb = kbt;
-      } else {
-        for (int i = 0; i < KP * D; i += VL) vstore(kw + i, kv_load(kbt + c0 * D + i));
-        kb = kw - c0 * D;
+      // keys [c0, c0 + KP) as float32, in their K tile (kt[d * VL + u]; those past kp lie
+      // inside the tile: read and masked)
+      if (c0 % VL == 0) {
+        const T* tp = kbt + c0 * D;  // the tile of keys [c0, c0 + VL)
+        if constexpr (std::is_same_v<T, float>) {
+          kt = tp;
+        } else {
+          for (int i = 0; i < D * VL; i += VL) vstore(kw + i, kv_load(tp + i));
+          kt = kw;
+        }
       }
+      const float* kb = kt + c0 % VL;
       vf s[KP][QL];
       for (int p = 0; p < KP; ++p)
         for (int v = 0; v < QL; ++v) s[p][v] = vf{};
@@ -263,7 +258,7 @@ void run_lanes(const Task& t, const Geometry& g, const float* q, const T* kc, co
         vf qd[QL];
         for (int v = 0; v < QL; ++v) qd[v] = vload(qt + d * NQ + v * VL);
         for (int p = 0; p < KP; ++p) {
-          const vf kd = vbroadcast(kb[(c0 + p) * D + d]);
+          const vf kd = vbroadcast(kb[d * VL + p]);
           for (int v = 0; v < QL; ++v) s[p][v] = vfma(kd, qd[v], s[p][v]);
         }
       }

@@ -85,4 +85,18 @@ inline void kv_store(const float* src, KvBf16* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<KvBf16>(src[i]);  // c10's RNE
 }
 
+// Where key `u` of a cache block starts in the block's K tiles (attention.cpp's layout): its
+// dimension d lies at k_offset(u, dim) + d * VL.
+inline int64_t k_offset(int64_t u, int64_t dim) { return (u / VL) * dim * VL + u % VL; }
+
+// One key's dim values into its K tile (narrowed as kv_store does): `block` is the block's
+// start, `u` the key's index in the block.
+template <class T>
+inline void k_store(const float* src, T* block, int64_t u, int64_t dim) {
+  T row[512];
+  kv_store(src, row, dim);
+  T* dst = block + k_offset(u, dim);
+  for (int64_t d = 0; d < dim; ++d) dst[d * VL] = row[d];
+}
+
 }  // namespace tierserve

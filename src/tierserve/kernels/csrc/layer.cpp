@@ -86,25 +86,35 @@ void silu_mul(float* gu, int64_t rows, int64_t inter) {
   });
 }
 
+// Rows' K (or V) heads into their cache slots, narrowed to the cache's type: values as rows,
+// keys into their block's K tiles (`keys`: attention.cpp's layout).
 template <class T>
 void write_kv_as(const float* src, int64_t row_stride, at::Tensor& cache, const int64_t* slots,
-                 int64_t rows, int64_t kv_heads, int64_t slots_per_head, int64_t d) {
+                 int64_t rows, int64_t kv_heads, int64_t slots_per_head, int64_t d, bool keys) {
   T* c = static_cast<T*>(cache.data_ptr());
+  const int64_t bs = cache.size(2);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t h = 0; h < kv_heads; ++h)
-      kv_store(src + r * row_stride + h * d, c + (h * slots_per_head + slots[r]) * d, d);
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const float* x = src + r * row_stride + h * d;
+      if (keys)
+        k_store(x, c + (h * slots_per_head + slots[r] / bs * bs) * d, slots[r] % bs, d);
+      else
+        kv_store(x, c + (h * slots_per_head + slots[r]) * d, d);
+    }
 }
 
-// Rows' K (or V) heads into their cache slots, narrowed to the cache's type.
 void write_kv(const float* src, int64_t row_stride, at::Tensor& cache, const int64_t* slots,
-              int64_t rows, int64_t kv_heads, int64_t slots_per_head, int64_t d) {
+              int64_t rows, int64_t kv_heads, int64_t slots_per_head, int64_t d, bool keys) {
   switch (cache.scalar_type()) {
     case at::kHalf:
-      return write_kv_as<KvHalf>(src, row_stride, cache, slots, rows, kv_heads, slots_per_head, d);
+      return write_kv_as<KvHalf>(src, row_stride, cache, slots, rows, kv_heads, slots_per_head,
+                                 d, keys);
     case at::kBFloat16:
-      return write_kv_as<KvBf16>(src, row_stride, cache, slots, rows, kv_heads, slots_per_head, d);
+      return write_kv_as<KvBf16>(src, row_stride, cache, slots, rows, kv_heads, slots_per_head,
+                                 d, keys);
     default:
-      return write_kv_as<float>(src, row_stride, cache, slots, rows, kv_heads, slots_per_head, d);
+      return write_kv_as<float>(src, row_stride, cache, slots, rows, kv_heads, slots_per_head, d,
+                                keys);
   }
 }
 
@@ -140,8 +150,8 @@ void decoder_layer(at::Tensor& x, const QWeight& w_qkv, const c10::optional<at::
                   v_cache.scalar_type() == k_cache.scalar_type() && k_cache.is_contiguous() &&
                   v_cache.is_contiguous(),
               "decoder_layer: contiguous float32, float16 or bfloat16 caches expected");
-  write_kv(qp + heads * d, qkv_n, k_cache, sp, T, kvh, slots_per_head, d);
-  write_kv(qp + (heads + kvh) * d, qkv_n, v_cache, sp, T, kvh, slots_per_head, d);
+  write_kv(qp + heads * d, qkv_n, k_cache, sp, T, kvh, slots_per_head, d, true);
+  write_kv(qp + (heads + kvh) * d, qkv_n, v_cache, sp, T, kvh, slots_per_head, d, false);
   auto attn = at::empty({T, heads, d}, x.options());
   auto q = qkv.view({T, heads + 2 * kvh, d}).narrow(1, 0, heads);
   paged_attention_into(q, k_cache, v_cache, tables, segments, 1.0 / std::sqrt(double(d)), attn);

@@ -155,8 +155,37 @@ def fresh_prefill(
     return attend(qp, kp, vp, spec, mask)[0].transpose(0, 1).to(q.dtype)
 
 
-def write_kv(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+def k_index(slots: torch.Tensor, block_size: int, dim: int, tile: int) -> torch.Tensor:
+    """[T, dim] element offsets, in one head's flat K cache, of the keys at token `slots` when
+    the cache holds each block as tiles of `tile` keys, dimension-major (the compiled kernels'
+    layout, kernels/csrc/attention.cpp): key u of a block, dimension d, at
+    ``((u // tile) * dim + d) * tile + u % tile``."""
+    u = slots % block_size
+    base = (slots - u) * dim + (u // tile) * (dim * tile) + u % tile
+    return base[:, None] + torch.arange(dim, device=slots.device)[None, :] * tile
+
+
+def write_kv(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, tile: int = 0) -> None:
     """cache [H, blocks, block_size, D]; x [T, H, D] written at token `slots` (one kernel),
-    rounded to the cache's dtype (to nearest even, as the compiled layer rounds) if narrower."""
+    rounded to the cache's dtype (to nearest even, as the compiled layer rounds) if narrower;
+    `tile`: keys in K tiles of that many keys (`k_index`), else one row per token."""
     h, nb, bs, d = cache.shape
-    cache.view(h, nb * bs, d).index_copy_(1, slots, x.transpose(0, 1).to(cache.dtype))
+    x = x.transpose(0, 1).to(cache.dtype)
+    if tile:
+        cache.view(h, -1).index_copy_(1, k_index(slots, bs, d, tile).reshape(-1), x.reshape(h, -1))
+    else:
+        cache.view(h, nb * bs, d).index_copy_(1, slots, x)
+
+
+def read_k(cache: torch.Tensor, slots: torch.Tensor, tile: int) -> torch.Tensor:
+    """The keys at token `slots` of a K cache in tiles of `tile` keys: [H, len(slots), D]."""
+    h, _, bs, d = cache.shape
+    idx = k_index(slots, bs, d, tile).reshape(-1)
+    return cache.view(h, -1).index_select(1, idx).view(h, slots.numel(), d)
+
+
+def untile_k(blocks: torch.Tensor, tile: int) -> torch.Tensor:
+    """Whole K blocks [H, n, block_size, D] as stored in tiles of `tile` keys, one row per key
+    (a copy)."""
+    h, n, bs, d = blocks.shape
+    return blocks.view(h, n, bs // tile, d, tile).transpose(-1, -2).contiguous().view(h, n, bs, d)

@@ -69,7 +69,7 @@ class KernelPagedAttention(AttentionBackend):
     def forward(
         self, q, k, v, k_cache, v_cache, meta: KernelMetadata, spec: AttentionSpec = PLAIN
     ) -> torch.Tensor:
-        write_kv(k_cache, meta.slot_mapping, k)
+        write_kv(k_cache, meta.slot_mapping, k, self.kernels.vector_lanes())  # K in tiles
         write_kv(v_cache, meta.slot_mapping, v)
         out = q.new_empty(q.shape)
         if meta.segments.shape[0]:

@@ -4,6 +4,10 @@ KV cache layout, per layer and for K and V alike::
 
     [kv_heads, num_blocks, block_size, head_dim]      token slot = block_id * block_size + offset
 
+except that where the model has the compiled kernels, a K block holds its keys in tiles of VL
+keys, dimension-major (their layout, `base.k_index`; `k_tile`): this backend writes and reads
+keys there too, so that every step path of such a model shares one cache.
+
 The cache may be narrower than the queries (a 16-bit cache, `--kv-cache-dtype`): what is
 gathered is widened to the queries' dtype before the matmuls.
 
@@ -43,6 +47,8 @@ from tierserve.model.attention.base import (
     attend,
     causal_mask,
     fresh_prefill,
+    read_k,
+    untile_k,
     write_kv,
 )
 
@@ -109,6 +115,12 @@ def _gather(cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 class TorchPagedAttention(AttentionBackend):
     name = "torch"
 
+    def __init__(self, k_tile: int = 0) -> None:
+        self.k_tile = k_tile  # the compiled kernels' K tiles (where the block size takes them)
+
+    def tile(self, block_size: int) -> int:
+        return self.k_tile if self.k_tile and block_size % self.k_tile == 0 else 0
+
     def build(self, layout: BatchLayout, fused: bool = False) -> TorchMetadata:
         if fused:
             raise ValueError("the PyTorch attention backend has no fused layers")
@@ -145,7 +157,10 @@ class TorchPagedAttention(AttentionBackend):
         b = q.shape[0]
         group = q.shape[1] // hkv
         bias = meta.decode_bias(spec.window, hkv)  # [H_kv * B, 1, L]
-        kd = _gather(k_cache, meta.decode_blocks).view(hkv * b, -1, d).to(q.dtype)
+        kd = _gather(k_cache, meta.decode_blocks)
+        if tile := self.tile(k_cache.shape[2]):
+            kd = untile_k(kd, tile)
+        kd = kd.view(hkv * b, -1, d).to(q.dtype)
         vd = _gather(v_cache, meta.decode_blocks).view(hkv * b, -1, d).to(q.dtype)
         qd = q.reshape(b, hkv, group, d).transpose(0, 1).reshape(hkv * b, group, d)
         scale = spec.scale_for(d)
@@ -161,7 +176,8 @@ class TorchPagedAttention(AttentionBackend):
         self, q, k, v, k_cache, v_cache, meta: TorchMetadata, spec: AttentionSpec = PLAIN
     ) -> torch.Tensor:
         hkv, nb, bs, d = k_cache.shape
-        write_kv(k_cache, meta.slot_mapping, k)
+        tile = self.tile(bs)
+        write_kv(k_cache, meta.slot_mapping, k, tile)
         write_kv(v_cache, meta.slot_mapping, v)
         if meta.decode_rows is not None and meta.decode_rows.numel() == q.shape[0]:
             return self._decode(q, k_cache, v_cache, meta, spec)
@@ -174,7 +190,8 @@ class TorchPagedAttention(AttentionBackend):
             out[p.start : p.end] = fresh_prefill(q, k, v, p, spec, meta.fresh_dtype, k_cache.dtype)
         for c in meta.chunks:
             qp = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            kp = _gather(flat_k, c.slots).unsqueeze(0).to(q.dtype)
+            kp = read_k(k_cache, c.slots, tile) if tile else _gather(flat_k, c.slots)
+            kp = kp.unsqueeze(0).to(q.dtype)
             vp = _gather(flat_v, c.slots).unsqueeze(0).to(q.dtype)
             out[c.start : c.end] = attend(qp, kp, vp, spec, c.mask(spec.window))[0].transpose(0, 1)
         return out
