@@ -58,8 +58,21 @@ def test_positions_slots_and_segments_match_per_token_definitions():
         assert b.meta.slot_mapping.tolist() == slots
         assert b.input_ids.tolist() == ids
         assert b.logits_rows.tolist() == [10, 21, 22]  # r1 stops short of its known tokens
-    b = build_batch(states, sched, BS, tables, KERNEL)
     rows = {rid: states[rid].table_row for rid in sched}
+    # Batch-invariant (the default): the fresh prompt is a segment too, attending through the
+    # cache as a cached prefix or a decode would.
+    b = build_batch(states, sched, BS, tables, KERNEL)
+    assert b.meta.segments.tolist() == [
+        [0, 11, rows["r0"], 1],
+        [11, 10, rows["r1"], 14],
+        [21, 1, rows["r2"], 9],
+        [22, 1, rows["r3"], 17],
+    ]
+    assert not b.meta.fresh and b.meta.all_cached
+    # --batch-invariant off: the fresh prompt attends to its own keys (SDPA).
+    loose = KernelPagedAttention(kernels=None)
+    loose.invariant = False
+    b = build_batch(states, sched, BS, tables, loose)
     assert b.meta.segments.tolist() == [
         [11, 10, rows["r1"], 14],
         [21, 1, rows["r2"], 9],
