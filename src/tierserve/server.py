@@ -46,6 +46,7 @@ from tierserve.executor.draft_loader import BadDraftModel
 from tierserve.host.memory import fix_mmap_threshold, freeze_heap
 from tierserve.host.threads import ThreadChoice, choose_threads
 from tierserve.metrics import Metrics
+from tierserve.metrics.tracing import RequestTracer, TracingUnavailable, check
 from tierserve.model.loader import ModelNotFound
 from tierserve.model.registry import UnsupportedArchitecture
 
@@ -85,9 +86,16 @@ def build_state(
     def on_step(stats: StepStats) -> None:
         metrics.on_step(stats, built.executor.last_swap_seconds)
 
-    engine.set_observers(metrics.on_event, on_step, metrics.on_snapshot)
+    on_event, on_stop = metrics.on_event, partial(save_predictor, built)
+    if settings.otlp_traces_endpoint:  # one span per request (metrics/tracing.py)
+        tracer = RequestTracer(
+            settings.otlp_traces_endpoint, settings.served_model_names[0], core.clock
+        )
+        on_event, on_stop = _both(on_event, tracer.on_event), _both(on_stop, tracer.shutdown)
+        log.info("request tracing: one span per request to %s (OTLP/HTTP)", tracer.url)
+    engine.set_observers(on_event, on_step, metrics.on_snapshot)
     engine.on_thread_start = partial(engine_thread_start, built.torch_threads)
-    engine.on_thread_stop = partial(save_predictor, built)
+    engine.on_thread_stop = on_stop
     adm = args.admission
     if adm.sla_admission:  # the re-check of waiting requests, on the engine thread
         engine.recheck = LateRequestCheck(args.priorities, adm.sla_margin, adm.sla_recheck_s)
@@ -104,6 +112,16 @@ def build_state(
         eos_token_ids=built.model_config.eos_token_ids,
         chat=ChatPrompter(built.tokenizer, template),
     )
+
+
+def _both(first, second):
+    """A callback calling `first`, then `second`, with the same arguments."""
+
+    def call(*a):
+        first(*a)
+        second(*a)
+
+    return call
 
 
 def startup_line(state: ServerState, args: EngineArgs, threads: ThreadChoice) -> str:
@@ -235,6 +253,12 @@ def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | 
     if threads.warning():
         log.warning("%s", threads.warning())
     args = replace(args, cpu_threads=threads.threads)
+    if settings.otlp_traces_endpoint:  # before the model loads: one line, status 2
+        try:
+            check(settings.otlp_traces_endpoint)
+        except TracingUnavailable as e:
+            print(f"tierserve serve: {e}", file=sys.stderr, flush=True)
+            return EXIT_BAD_SETTINGS
     status: list[int] = []  # the exit status of a start that failed
     why: list[str] = []  # and its one line, for bad settings
 

@@ -20,6 +20,7 @@ class ServerSettings:
     default_max_tokens: int = 512
     shutdown_grace_s: float = 10.0
     log_level: str = "info"
+    otlp_traces_endpoint: str | None = None  # a collector's OTLP/HTTP URL (metrics/tracing.py)
     chat_template: str | None = None  # a file (or inline Jinja) overriding the model's template
     # The Batch API (tierserve.batch): its database (a path or an SQLAlchemy URL; None: off),
     # the folder of file bodies (None: beside the cache), lines in flight at once (None: 64).

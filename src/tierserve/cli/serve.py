@@ -147,7 +147,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "--ingress-queue",
     ),
     "batch API": ("--batch-db", "--files-dir", "--batch-window"),
-    "observability": ("--log-level",),
+    "observability": ("--log-level", "--otlp-traces-endpoint"),
 }  # fmt: skip
 
 

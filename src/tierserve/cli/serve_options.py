@@ -320,6 +320,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("--log-level", S + "log_level", str, None, "debug | info | warning (info)"),
     Option(
+        "--otlp-traces-endpoint", S + "otlp_traces_endpoint", str, None,
+        "send one OpenTelemetry span per request (class, tenant, queue wait, prefill, decode, "
+        "preemptions, outcome) over OTLP/HTTP to this collector URL, e.g. "
+        "http://localhost:4318/v1/traces (vLLM's flag; needs tierserve[tracing])"
+    ),
+    Option(
         "--replicas", C + "replicas", int, None,
         "serve N engine replicas on Ray Serve (default: one process)"
     ),

@@ -216,8 +216,9 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--ssl-certfile", REFUSED, TLS),
     VllmFlag("--root-path", REFUSED, "serve at / behind the proxy that adds the prefix"),
     VllmFlag("--allowed-origins", REFUSED, "no CORS headers are sent: add them in a proxy"),
-    VllmFlag("--otlp-traces-endpoint", REFUSED, "no OpenTelemetry export yet: per-class "
-             "Prometheus metrics at /metrics, x-request-id on every response"),
+    VllmFlag("--otlp-traces-endpoint", DIFFERENT, "OTLP over HTTP only (the collector's 4318 "
+             "port; gRPC is refused): one span per request with its class, tenant, queue, "
+             "prefill and decode times, preemptions and outcome", ours=True),
 )
 # fmt: on
 BY_KEY = {f.key: f for f in VLLM_FLAGS}
