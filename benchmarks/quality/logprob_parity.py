@@ -1,9 +1,11 @@
 """Prompt logprobs (what `echo` + `logprobs` + `max_tokens: 0` return, i.e. lm-evaluation-
 harness's log-likelihood) against transformers on the embedded model: the largest difference of
 one token's logprob and of a whole text's sum, over a few texts, with prompts computed whole and
-in chunks (a small `--chunk` forces chunked prefill). Run:
+in chunks (a small `--chunk` forces chunked prefill), for each `--activations` (the quantized
+kernels' products: the CPU's default, int8 on VNNI / AVX2, rounds each row's activations).
+Run:
 
-    .venv/bin/python benchmarks/quality/logprob_parity.py --chunk 64
+    .venv/bin/python benchmarks/quality/logprob_parity.py --chunk 64 --activations int8 float32
 """
 
 from __future__ import annotations
@@ -28,25 +30,30 @@ TEXTS = [
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chunk", type=int, default=64, help="max_num_batched_tokens")
+    ap.add_argument("--activations", nargs="+", default=["auto"], help="products, each in turn")
     args = ap.parse_args()
-    llm = LLM(kv_cache_gib=0.25, max_num_batched_tokens=args.chunk)
     loaded = load_model()
     hf = build_hf(loaded.config, loaded.state_dict())
-    ids = [llm.tokenizer.encode(t) for t in TEXTS]
-    outs = llm.generate(ids, SamplingParams(max_tokens=0, prompt_logprobs=0))
-    tok_err, sum_err = 0.0, 0.0
-    for p, o in zip(ids, outs, strict=True):
-        got = torch.tensor([lp for lp, _ in o.prompt_logprobs], dtype=torch.float64)
+    ids = [loaded.tokenizer.encode(t) for t in TEXTS]
+    want = []
+    for p in ids:
         with torch.no_grad():
             ref = torch.log_softmax(hf(torch.tensor([p])).logits[0].double(), -1)
-        want = ref[torch.arange(len(p) - 1), torch.tensor(p[1:])]
-        tok_err = max(tok_err, float((got - want).abs().max()))
-        sum_err = max(sum_err, abs(float(got.sum() - want.sum())))
+        want.append(ref[torch.arange(len(p) - 1), torch.tensor(p[1:])])
     n = sum(len(p) for p in ids)
-    print(
-        f"{len(TEXTS)} texts, {n} tokens, chunks of {args.chunk}: max |difference| per token "
-        f"{tok_err:.2e}, per text sum {sum_err:.2e} (nats)"
-    )
+    for act in args.activations:
+        llm = LLM(kv_cache_gib=0.25, max_num_batched_tokens=args.chunk, activations=act)
+        outs = llm.generate(ids, SamplingParams(max_tokens=0, prompt_logprobs=0))
+        tok_err, sum_err = 0.0, 0.0
+        for w, o in zip(want, outs, strict=True):
+            got = torch.tensor([lp for lp, _ in o.prompt_logprobs], dtype=torch.float64)
+            tok_err = max(tok_err, float((got - w).abs().max()))
+            sum_err = max(sum_err, abs(float(got.sum() - w.sum())))
+        print(
+            f"--activations {act} ({llm.executor.model.weights_summary}): {len(TEXTS)} texts, "
+            f"{n} tokens, chunks of {args.chunk}: max |difference| per token {tok_err:.2e}, "
+            f"per text sum {sum_err:.2e} (nats)"
+        )
 
 
 if __name__ == "__main__":
