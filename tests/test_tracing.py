@@ -140,3 +140,8 @@ def test_a_span_that_cannot_be_made_never_stops_the_engine(monkeypatch):
         for _ in range(2):
             r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
             assert r.status_code == 200, r.text
+
+
+def test_replicas_with_tracing_are_refused_not_silently_untraced():
+    r = run_cli("serve", "--replicas", "2", "--otlp-traces-endpoint", "http://c:4318")
+    assert r.returncode == 2 and "do not export spans" in r.stderr, r.stderr

@@ -115,6 +115,11 @@ def _serve(args: argparse.Namespace) -> int:
         check_device(engine_args.device)
         tenants = tenant_registry(settings)
         cluster = cluster_options(opts)
+        if cluster is not None and settings.otlp_traces_endpoint:
+            raise ValueError(
+                "--otlp-traces-endpoint is for one server process: Ray Serve replicas "
+                "(--replicas, --ray-address) do not export spans yet"
+            )
         if settings.chat_template:
             load_chat_template(settings.chat_template)
     except (ValueError, TypeError) as exc:
