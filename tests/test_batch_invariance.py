@@ -138,17 +138,21 @@ def test_tokens_verified_as_drafts_are_the_tokens_decoded_alone(tiny):
 @pytest.mark.model
 def test_the_embedded_model_answers_alike_fresh_cached_batched_and_chunked():
     """The issue's example on the engine: the first request prefills its whole prompt, the next
-    ones hit the prefix cache, one shares its steps with six others, one is chunked by 8."""
+    ones hit the prefix cache, one shares its steps with six others, one is chunked by 8;
+    greedy, and sampled with a seed."""
     msg = [{"role": "user", "content": "Write one sentence about the sea."}]
     others = [[{"role": "user", "content": f"Tell me about topic {i}, please."}] for i in range(6)]
-    sp = SamplingParams(temperature=0, max_tokens=24)
     llm = LLM()  # the defaults: the embedded model, its q4_1 weights, this CPU's products
-    first = llm.generate([msg], sp)[0]
-    again = [llm.generate([msg], sp)[0], llm.generate([*others, msg], sp)[-1]]
-    chunked = LLM(max_num_batched_tokens=8).generate([msg], sp)[0]
-    for out in (*again, chunked):
-        assert out.token_ids == first.token_ids
-        assert out.logprobs == first.logprobs
+    chunky = LLM(max_num_batched_tokens=8)
+    # greedy, and sampled with a seed (the others in the batch sample with seeds of their own)
+    for sp in (SamplingParams(temperature=0, max_tokens=24),
+               SamplingParams(temperature=0.9, seed=7, max_tokens=24)):  # fmt: skip
+        mates = [SamplingParams(temperature=0.9, seed=i, max_tokens=24) for i in range(6)]
+        first = llm.generate([msg], sp)[0]
+        again = [llm.generate([msg], sp)[0], llm.generate([*others, msg], [*mates, sp])[-1]]
+        for out in (*again, chunky.generate([msg], sp)[0]):
+            assert out.token_ids == first.token_ids
+            assert out.logprobs == first.logprobs
 
 
 @pytest.mark.model
