@@ -47,6 +47,8 @@ class Collector:
                                     "start": s.start_time_unix_nano,
                                     "end": s.end_time_unix_nano,
                                     "status": s.status.code,
+                                    "trace_id": s.trace_id.hex(),
+                                    "parent_id": s.parent_span_id.hex(),
                                 }
                             )
                 self.send_response(200)
@@ -86,12 +88,16 @@ def test_a_server_sends_one_span_per_request_with_its_class_and_times():
     collector = Collector()
     built = build_engine(small_engine_args())
     settings = ServerSettings(otlp_traces_endpoint=collector.url)
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     with running_server(built, settings) as (url, _):
         for tier in ("realtime", "batch"):
+            headers = {"x-request-tier": tier}
+            if tier == "batch":  # a caller's W3C trace context: the span joins that trace
+                headers["traceparent"] = f"00-{trace_id}-{parent_id}-01"
             r = httpx.post(
                 f"{url}/v1/completions",
                 json={"prompt": "The sea is", "max_tokens": 4, "ignore_eos": True},
-                headers={"x-request-tier": tier, "x-request-id": f"trace-{tier}"},
+                headers=headers,
                 timeout=60,
             )
             assert r.status_code == 200, r.text
@@ -115,6 +121,9 @@ def test_a_server_sends_one_span_per_request_with_its_class_and_times():
         assert 0 < s["end"] - s["start"] == pytest.approx(e2e * 1e9, rel=1e-3, abs=1e4)
         assert abs(s["end"] / 1e9 - time.time()) < 60  # wall-clock time, not the engine's
     assert by_class["P0"]["attrs"]["tierserve.tier"] == "realtime"
+    joined, alone = by_class["P2"], by_class["P0"]
+    assert joined["trace_id"] == trace_id and joined["parent_id"] == parent_id
+    assert alone["trace_id"] != trace_id and alone["parent_id"] == ""
 
 
 def test_a_bad_endpoint_is_one_line_and_status_2_before_the_model_loads():

@@ -81,6 +81,7 @@ class EngineRequest:
     end_if_late: bool = False
     predicted_ttft: float | None = None
     batch_line: bool = False
+    trace_parent: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -128,6 +129,8 @@ class Request:
     predicted_ttft: float | None = None
     # A line of a Batch API batch (the feeder sent it): paced while P0 is about (core/calm.py).
     batch_line: bool = False
+    # The caller's W3C `traceparent` header: its span joins the caller's trace (tracing.py).
+    trace_parent: str | None = None
 
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
     output_token_ids: list[int] = field(default_factory=list, init=False)

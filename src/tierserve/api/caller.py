@@ -25,6 +25,7 @@ class Caller:
     # When its first byte came, on the engine's clock (api/door.py; None: now, a batch line)
     arrived: float | None = None
     door: Ticket | None = None  # its seat at the door, left once it is admitted or refused
+    trace_parent: str | None = None  # its W3C `traceparent` header (request tracing)
 
     @classmethod
     def from_http(cls, state, http: HTTPRequest) -> Caller:
@@ -36,6 +37,7 @@ class Caller:
             http.is_disconnected,
             seen.get("arrived"),
             seen.get("door"),
+            http.headers.get("traceparent"),
         )
 
     def leave_door(self) -> None:

@@ -73,7 +73,7 @@ class Prepared:
 
 
 def _requests(
-    state, body, prompts, max_tokens, res, tenant, prefix, grammar, now
+    state, body, prompts, max_tokens, res, tenant, prefix, grammar, now, trace_parent=None
 ) -> list[EngineRequest]:
     """One EngineRequest per choice: prompt i, choice j is request (and index) i * n + j,
     seeded `seed + j` (so a prompt gets the same choices alone or in a list); `now`: when it
@@ -92,6 +92,7 @@ def _requests(
             cache_salt=tenant.cache_salt,
             eos_token_id=state.eos_token_ids[0] if state.eos_token_ids else None,
             batch_line=state.batch_lines,
+            trace_parent=trace_parent,
         )
         for i, (ids, limit) in enumerate(zip(prompts, max_tokens, strict=True))
         for j in range(body.n)
@@ -179,7 +180,9 @@ def _prepare(state, caller, body, prompts, max_tokens, prefix, param, grammar):
     budgets = _max_tokens(state, prompts, max_tokens, param)
     now = state.engine.clock.now()
     arrived = now if caller.arrived is None else min(now, caller.arrived)
-    reqs = _requests(state, body, prompts, budgets, res, tenant, prefix, grammar, arrived)
+    reqs = _requests(
+        state, body, prompts, budgets, res, tenant, prefix, grammar, arrived, caller.trace_parent
+    )
     limits = state.engine.limits
     try:  # what the scheduler would refuse (KV capacity of the class), refused here with a 400
         for r in reqs[:: body.n]:
@@ -200,7 +203,10 @@ def _prepare(state, caller, body, prompts, max_tokens, prefix, param, grammar):
     if decision.demoted_from is not None:
         state.metrics.on_rejected(SLA_DEMOTED, decision.demoted_from)
         res = replace(res, priority=decision.priority)
-        reqs = _requests(state, body, prompts, budgets, res, tenant, prefix, grammar, arrived)
+        reqs = _requests(
+            state, body, prompts, budgets, res, tenant, prefix, grammar, arrived,
+            caller.trace_parent,
+        )  # fmt: skip
     predicted = decision.predicted_ttft_s
     if predicted is not None and not math.isfinite(predicted):
         predicted = None  # best effort behind a saturating class: no time to promise

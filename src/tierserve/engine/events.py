@@ -78,6 +78,7 @@ class RequestInfo:
     num_preemptions: int
     predicted_output: int | None = None  # the output-length predictor's P50 at arrival
     length_observed: bool = False  # it ended the model's way: its length taught the predictor
+    trace_parent: str | None = None  # the caller's W3C traceparent (metrics/tracing.py)
 
     @classmethod
     def of(cls, req: Request) -> RequestInfo:
@@ -97,6 +98,7 @@ class RequestInfo:
             req.num_preemptions,
             req.predicted_output,
             req.length_observed,
+            req.trace_parent,
         )
 
 

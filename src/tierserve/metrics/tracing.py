@@ -19,6 +19,9 @@ of its headers, `api/door.py`) and ends when it finished. Attributes follow vLLM
   admission's prediction, where it made one), and the error message of a failed request (the
   span's status is then ERROR).
 
+A request with a W3C ``traceparent`` header gets a span in that trace, a child of the caller's
+span (as vLLM does); without one, a trace of its own.
+
 Spans are batched and sent by the SDK's own thread (`BatchSpanProcessor`); `shutdown` sends
 what is left (the server calls it when it stops). The exporter needs the packages of the
 ``tracing`` extra: ``pip install 'tierserve[tracing]'``."""
@@ -89,10 +92,12 @@ class RequestTracer:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.trace import SpanKind, Status, StatusCode
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.url = url
         self.service_name = service_name
         self._kind, self._status, self._code = SpanKind.SERVER, Status, StatusCode
+        self._propagator = TraceContextTextMapPropagator()
         self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
         self.provider.add_span_processor(
             BatchSpanProcessor(
@@ -140,8 +145,15 @@ class RequestTracer:
                 attrs["gen_ai.latency.time_in_model_prefill"] = first - sched
         if info.predicted_ttft is not None:
             attrs["tierserve.predicted_ttft"] = info.predicted_ttft
+        parent = None  # the caller's trace, where its traceparent header named one
+        if info.trace_parent:
+            parent = self._propagator.extract({"traceparent": info.trace_parent})
         span = self.tracer.start_span(
-            "llm_request", kind=self._kind, start_time=self._ns(info.arrival_time), attributes=attrs
+            "llm_request",
+            context=parent,
+            kind=self._kind,
+            start_time=self._ns(info.arrival_time),
+            attributes=attrs,
         )
         if info.error:
             span.set_attribute("tierserve.error", info.error)
