@@ -51,10 +51,3 @@ def make_request(
         cache_salt=salt,
         deadline=deadline,
     )
-
-
-def tiled_k(kc, lanes: int):
-    """A K cache [H, blocks, block_size, D] of one row per key in the compiled kernels' layout:
-    each block as tiles of `lanes` keys, dimension-major (kernels/csrc/attention.cpp)."""
-    h, nb, bs, d = kc.shape
-    return kc.view(h, nb, bs // lanes, lanes, d).transpose(-1, -2).contiguous().view(h, nb, bs, d)

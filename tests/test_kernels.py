@@ -7,8 +7,8 @@ import itertools
 import pytest
 import torch
 
-from tests.helpers import tiled_k
 from tierserve import kernels
+from tierserve.model.attention.base import tile_k
 
 if kernels.mode() == "off":
     pytest.skip("TIERSERVE_KERNELS=off", allow_module_level=True)
@@ -87,7 +87,7 @@ def test_paged_attention_matches_reference(heads, kv_heads, dim):
     q = q_full[:, :heads]  # strided rows, as the model passes them
     out = torch.zeros(rows, heads, dim)
     seg = torch.tensor(segments, dtype=torch.int32)
-    EXT.paged_attention_into(q, tiled_k(kc, LANES), vc, tables, seg, dim**-0.5, out)
+    EXT.paged_attention_into(q, tile_k(kc, LANES), vc, tables, seg, dim**-0.5, out)
     for row0, n, t, ctx0 in segments:
         for i in range(n):
             ref = reference_attention(q[row0 + i], kc, vc, tables[t], ctx0 + i)
@@ -116,7 +116,7 @@ def test_long_segments_go_by_lanes_and_match_the_reference(heads, kv_heads, dim,
     q = torch.randn(rows, heads + kv_heads, dim, generator=g)[:, :heads]
     out = torch.zeros(rows, heads, dim)
     EXT.paged_attention_into(
-        q, tiled_k(kc, LANES), vc, tables, torch.tensor(segments, dtype=torch.int32), dim**-0.5, out
+        q, tile_k(kc, LANES), vc, tables, torch.tensor(segments, dtype=torch.int32), dim**-0.5, out
     )
     for row0, n, t, ctx0 in segments:
         for i in range(0, n, 7):
@@ -126,7 +126,7 @@ def test_long_segments_go_by_lanes_and_match_the_reference(heads, kv_heads, dim,
     cut = span // 2
     split = torch.tensor([(0, cut, 0, 1), (cut, span - cut, 0, 1 + cut)], dtype=torch.int32)
     again = torch.zeros(rows, heads, dim)
-    EXT.paged_attention_into(q, tiled_k(kc, LANES), vc, tables, split, dim**-0.5, again)
+    EXT.paged_attention_into(q, tile_k(kc, LANES), vc, tables, split, dim**-0.5, again)
     assert torch.equal(again[:span], out[:span])
 
 
@@ -148,12 +148,12 @@ def test_a_verification_row_is_bit_identical_to_the_same_row_decoded_alone(
         q = torch.randn(rows, heads, dim, generator=g)
         out = torch.zeros(rows, heads, dim)
         seg = torch.tensor([(0, rows, 1, ctx0)], dtype=torch.int32)
-        EXT.paged_attention_into(q, tiled_k(kc, LANES), vc, tables, seg, dim**-0.5, out)
+        EXT.paged_attention_into(q, tile_k(kc, LANES), vc, tables, seg, dim**-0.5, out)
         for i in range(rows):
             alone = torch.zeros(1, heads, dim)
             one = torch.tensor([(0, 1, 1, ctx0 + i)], dtype=torch.int32)
             EXT.paged_attention_into(
-                q[i : i + 1], tiled_k(kc, LANES), vc, tables, one, dim**-0.5, alone
+                q[i : i + 1], tile_k(kc, LANES), vc, tables, one, dim**-0.5, alone
             )
             assert torch.equal(alone[0], out[i]), (rows, ctx0, i)
             ref = reference_attention(q[i], kc.float(), vc.float(), tables[1], ctx0 + i)
@@ -184,7 +184,7 @@ def test_a_row_is_the_same_bits_whichever_kernel_runs_it(heads, kv_heads, dim, b
         edges = [0, *cuts, span]
         seg = [(a, b - a, 0, 1 + a) for a, b in itertools.pairwise(edges) if b > a]
         EXT.paged_attention_into(
-            q, tiled_k(kc, LANES), vc, tables, torch.tensor(seg, dtype=torch.int32), dim**-0.5, out
+            q, tile_k(kc, LANES), vc, tables, torch.tensor(seg, dtype=torch.int32), dim**-0.5, out
         )
         return out
 
@@ -204,3 +204,22 @@ def test_paged_attention_rejects_a_segment_past_its_table():
         EXT.paged_attention_into(
             torch.zeros(1, 1, 64), kc, kc, tables, seg, 0.125, torch.zeros(1, 1, 64)
         )
+
+
+def test_k_tiles_round_trip_through_the_python_writer_and_readers():
+    """The K cache layout the kernels read (tiles of LANES keys, dimension-major): what
+    `write_kv` stores with a tile, `read_k` and `untile_k` read back, and `tile_k` makes."""
+    from tierserve.model.attention.base import read_k, untile_k, write_kv
+
+    g = torch.Generator().manual_seed(11)
+    h, nb, bs, d = 2, 6, 2 * LANES, 32
+    logical = torch.randn(h, nb, bs, d, generator=g)
+    assert torch.equal(untile_k(tile_k(logical, LANES), LANES), logical)
+    cache = torch.zeros(h, nb, bs, d)
+    slots = torch.randperm(nb * bs, generator=g)[:37]
+    x = logical.view(h, nb * bs, d)[:, slots].transpose(0, 1)  # [T, H, D]
+    write_kv(cache, slots, x, LANES)
+    assert torch.equal(read_k(cache, slots, LANES), x.transpose(0, 1))
+    every = torch.arange(nb * bs)
+    write_kv(cache, every, logical.view(h, nb * bs, d).transpose(0, 1), LANES)
+    assert torch.equal(cache, tile_k(logical, LANES))

@@ -7,14 +7,13 @@ a name it does not know is a clear error."""
 import pytest
 import torch
 
-from tests.helpers import tiled_k
 from tests.test_model import GREEDY, chat_ids, rel_err, run_path
 from tierserve import kernels
 from tierserve.engine.args import EngineArgs
 from tierserve.engine.builder import build_engine
 from tierserve.executor.state import RequestState
 from tierserve.executor.torch_executor import TorchExecutor
-from tierserve.model.attention.base import read_k
+from tierserve.model.attention.base import read_k, tile_k
 from tierserve.model.loader import load_model
 from tierserve.model.models.llama import LlamaForCausalLM
 from tierserve.request import Request
@@ -51,7 +50,7 @@ def test_kernel_reads_a_16bit_cache_as_the_float32_kernel_reads_its_values(
     q = torch.randn(rows, heads + kv_heads, dim, generator=g)[:, :heads]
     seg = torch.tensor(segments, dtype=torch.int32)
     narrow, wide = torch.zeros(rows, heads, dim), torch.zeros(rows, heads, dim)
-    kt = tiled_k(kc, EXT.vector_lanes())
+    kt = tile_k(kc, EXT.vector_lanes())
     EXT.paged_attention_into(q, kt, vc, tables, seg, dim**-0.5, narrow)
     EXT.paged_attention_into(q, kt.float(), vc.float(), tables, seg, dim**-0.5, wide)
     torch.testing.assert_close(narrow, wide, rtol=1e-6, atol=1e-7)

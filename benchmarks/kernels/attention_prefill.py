@@ -20,6 +20,7 @@ from qgemm_products import (
 )
 
 from tierserve import kernels
+from tierserve.model.attention.base import tile_k
 
 
 def main() -> None:
@@ -44,9 +45,7 @@ def one(ext, rows: int, heads: int = 9, kv_heads: int = 3, dim: int = 64, bs: in
     tables = torch.arange(nb, dtype=torch.int32)[None, :].contiguous()
     seg = torch.tensor([[0, rows, 0, 1]], dtype=torch.int32)
     out = torch.empty(rows, heads, dim)
-    lanes = ext.vector_lanes()  # the kernel reads K in its tiles (kernels/csrc/attention.cpp)
-    kt = kc.view(kv_heads, nb, bs // lanes, lanes, dim).transpose(-1, -2).contiguous()
-    kt = kt.view(kv_heads, nb, bs, dim)
+    kt = tile_k(kc, ext.vector_lanes())  # the kernel reads K in its tiles
     ours = median_ms(lambda: ext.paged_attention_into(q, kt, vc, tables, seg, dim**-0.5, out), 20)
     group = heads // kv_heads
     k = kc.reshape(kv_heads, nb * bs, dim)[:, :rows].repeat_interleave(group, 0)[None]

@@ -184,6 +184,13 @@ def read_k(cache: torch.Tensor, slots: torch.Tensor, tile: int) -> torch.Tensor:
     return cache.view(h, -1).index_select(1, idx).view(h, slots.numel(), d)
 
 
+def tile_k(blocks: torch.Tensor, tile: int) -> torch.Tensor:
+    """Whole K blocks [H, n, block_size, D] of one row per key, as stored in tiles of `tile`
+    keys (a copy; `untile_k`'s inverse)."""
+    h, n, bs, d = blocks.shape
+    return blocks.view(h, n, bs // tile, tile, d).transpose(-1, -2).contiguous().view(h, n, bs, d)
+
+
 def untile_k(blocks: torch.Tensor, tile: int) -> torch.Tensor:
     """Whole K blocks [H, n, block_size, D] as stored in tiles of `tile` keys, one row per key
     (a copy)."""
