@@ -121,4 +121,4 @@ if [[ " $PARTS " == *" cotenant "* ]]; then
   done
 fi
 CONCURRENCY="$CONCURRENCY" PARTS="$PARTS" SYSTEMS="$SYSTEMS" OUT="$OUT" RES="$RES" \
-  "$REPO/.venv/bin/python" "$REPO/benchmarks/peers_table.py"
+  "$REPO/.venv/bin/python" "$REPO/benchmarks/served/peers_table.py"
