@@ -55,7 +55,9 @@ def test_vllm_names_that_mean_the_same_are_accepted(tmp_path):
     args, _ = parse("--no-enable-prefix-caching", "--scheduling-policy", "priority")
     assert not args.enable_prefix_caching and args.policy.name == "strict"
     args, _ = parse("--tensor-parallel-size", "1", "--scheduling-policy", "fcfs")
-    assert args.policy.name == "fcfs"
+    assert args.policy.name == "fcfs" and args.tensor_parallel_size == 1
+    args, _ = parse("-tp", "2")
+    assert args.tensor_parallel_size == 2
     cfg = tmp_path / "serve.yaml"
     cfg.write_text("scheduling_policy: priority\ntensor_parallel_size: 1\n")
     args, _ = parse("--config", str(cfg))
@@ -65,7 +67,7 @@ def test_vllm_names_that_mean_the_same_are_accepted(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["-tp", "2"], "--tensor-parallel-size 2: not supported"),
+        (["-tp", "0"], "tensor_parallel_size must be at least 1, got 0"),
         (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization must lie in (0, 1]"),
         (["--device", "cuda"], "--device cuda: this torch"),
         (["--scheduling-policy", "priority", "--policy", "wfq"], "contradicts --policy"),

@@ -45,6 +45,16 @@ class LLM:
         self.executor = built.executor
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Stop what the engine started beside this process (tensor-parallel workers)."""
+        self.executor.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)

@@ -42,6 +42,7 @@ from tierserve.engine.builder import (
 )
 from tierserve.engine.core import StepStats
 from tierserve.engine.load import LateRequestCheck
+from tierserve.executor.base import ExecutorLost
 from tierserve.executor.draft_loader import BadDraftModel
 from tierserve.host.memory import fix_mmap_threshold, freeze_heap
 from tierserve.host.threads import ThreadChoice, choose_threads
@@ -49,11 +50,13 @@ from tierserve.metrics import Metrics
 from tierserve.metrics.tracing import RequestTracer, TracingUnavailable, check
 from tierserve.model.loader import ModelNotFound
 from tierserve.model.registry import UnsupportedArchitecture
+from tierserve.model.sharding import ShardingError
 
 log = logging.getLogger("tierserve.server")
 
 EXIT_REQUESTS_CUT = 3  # the grace period ended with requests still running
 EXIT_BAD_SETTINGS = 2  # as for every settings error found before the model loads
+EXIT_ENGINE_LOST = 1  # a tensor-parallel worker died or hung: restart the whole server
 
 
 def build_app(state: ServerState):
@@ -86,7 +89,11 @@ def build_state(
     def on_step(stats: StepStats) -> None:
         metrics.on_step(stats, built.executor.last_swap_seconds)
 
-    on_event, on_stop = metrics.on_event, partial(save_predictor, built)
+    on_event = metrics.on_event
+    on_stop = partial(save_predictor, built)
+    close = getattr(built.executor, "close", None)  # (tensor-parallel workers)
+    if close is not None:
+        on_stop = _both(on_stop, close)
     if settings.otlp_traces_endpoint:  # one span per request (metrics/tracing.py)
         tracer = RequestTracer(
             settings.otlp_traces_endpoint, settings.served_model_names[0], core.clock
@@ -231,6 +238,28 @@ def _memory_settings() -> None:
         log.info("glibc mmap threshold fixed at %d MiB", mib)
 
 
+def _exit_when_lost(
+    state: ServerState, server: uvicorn.Server, status: list[int], grace_s: float = 1.0
+) -> None:
+    """A tensor-parallel engine that lost a worker serves no more: once the engine thread has
+    ended every stream with an error (and `/health` says unhealthy), stop the server with
+    status EXIT_ENGINE_LOST, so that a supervisor restarts it."""
+
+    def run() -> None:
+        while not server.should_exit:
+            time.sleep(0.2)
+            err = state.engine.error
+            if isinstance(err, ExecutorLost):
+                time.sleep(grace_s)  # the streams' error events reach their clients
+                log.error("exiting with status %d: %s", EXIT_ENGINE_LOST, err)
+                state.engine.core.executor.close()
+                status.append(EXIT_ENGINE_LOST)
+                server.should_exit = True
+                return
+
+    threading.Thread(target=run, name="tierserve-exit-when-lost", daemon=True).start()
+
+
 def _progress_lines(gate: StartingGate, server: uvicorn.Server, every_s: float = 5.0) -> None:
     """A log line every `every_s` seconds while the engine is being built."""
 
@@ -279,15 +308,21 @@ def serve(args: EngineArgs, settings: ServerSettings, tenants: TenantRegistry | 
         else:
             log.info("auth mode: %s (%d tenants)", mode, len(state.tenants.tenants))
         server.attach(state)
+        if hasattr(state.engine.core.executor, "watch"):
+            _exit_when_lost(state, server, status)
         app = build_app(state)
         freeze_heap()
         return app
 
     def failed(exc: BaseException) -> None:
-        if isinstance(exc, ModelNotFound | BadDraftModel | UnsupportedArchitecture):
+        if isinstance(exc, ModelNotFound | BadDraftModel | UnsupportedArchitecture | ShardingError):
             # found only now (the embedded model's package missing, a draft model that cannot
-            # serve this one, an architecture not in the registry): one line, as the last
+            # serve this one, an architecture not in the registry, a model that does not split
+            # --tensor-parallel-size ways): one line, as the last
             status.append(EXIT_BAD_SETTINGS)
+            why.append(str(exc))
+        elif isinstance(exc, ExecutorLost):  # a tensor-parallel worker could not start
+            status.append(EXIT_ENGINE_LOST)
             why.append(str(exc))
         else:
             log.error("the engine could not start", exc_info=exc)

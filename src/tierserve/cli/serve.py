@@ -143,8 +143,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "speculation and prediction": ("--speculative-config", "--speculative-model", "--predictive"),
     "scale-out": (
-        "--replicas", "--max-replicas", "--ray-address", "--router", "--prefix-margin-tokens",
-        "--ingress-queue",
+        "--tensor-parallel-size", "--replicas", "--max-replicas", "--ray-address", "--router",
+        "--prefix-margin-tokens", "--ingress-queue",
     ),
     "batch API": ("--batch-db", "--files-dir", "--batch-window"),
     "observability": ("--log-level", "--otlp-traces-endpoint"),
@@ -158,10 +158,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         g = p.add_argument_group(title)
         for flag in flags:
             o = by_flag[flag]
+            names = [o.flag, o.short] if o.short else [o.flag]
             if o.switch:
-                g.add_argument(o.flag, action="store_true", default=None, help=o.help)
+                g.add_argument(*names, action="store_true", default=None, help=o.help)
             else:
-                g.add_argument(o.flag, type=o.type, nargs=o.nargs, default=None, help=o.help)
+                g.add_argument(*names, type=o.type, nargs=o.nargs, default=None, help=o.help)
     add_vllm_arguments(p)
 
 

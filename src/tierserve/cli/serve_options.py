@@ -57,6 +57,7 @@ class Option:
     help: str = ""
     switch: bool = False  # a flag without a value (store_true); a boolean in a file
     to_field: Callable[[Any], Any] | None = None  # the option's value -> the field's
+    short: str | None = None  # a short spelling of the flag (vLLM's, such as -tp)
 
     @property
     def key(self) -> str:
@@ -324,6 +325,11 @@ OPTIONS: tuple[Option, ...] = (
         "send one OpenTelemetry span per request (class, tenant, queue wait, prefill, decode, "
         "preemptions, outcome) over OTLP/HTTP to this collector URL, e.g. "
         "http://localhost:4318/v1/traces (vLLM's flag; needs tierserve[tracing])"
+    ),
+    Option(
+        "--tensor-parallel-size", E + "tensor_parallel_size", int, None,
+        "split the model across N processes (N GPUs on cuda; gloo on the cpu), one engine; "
+        "KV sizes are per rank (default 1)", short="-tp"
     ),
     Option(
         "--replicas", C + "replicas", int, None,

@@ -166,10 +166,8 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
              ours=True),
     VllmFlag("--max-logprobs", ACCEPTED, "top logprobs are capped at 20", type=int),
     # -- parallelism -------------------------------------------------------------------------
-    VllmFlag("--tensor-parallel-size", DIFFERENT, "1 only: one engine per process; "
-             "--replicas N runs more", type=int, short="-tp",
-             apply=_one_only("--tensor-parallel-size", "one engine per process (only 1): for "
-                             "more engines use --replicas N")),
+    VllmFlag("--tensor-parallel-size", SAME, "Megatron split over N processes (gloo on "
+             "the cpu, NCCL on cuda); KV sizes per rank", ours=True, short="-tp"),
     VllmFlag("--pipeline-parallel-size", DIFFERENT, "1 only", type=int, short="-pp",
              apply=_one_only("--pipeline-parallel-size", "a model on one device (only 1)")),
     VllmFlag("--data-parallel-size", REFUSED, "use --replicas N (engine replicas on Ray "

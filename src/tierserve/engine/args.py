@@ -119,6 +119,9 @@ class EngineArgs:
     # unless `predictor_state` is False.
     predictive: tuple[str, ...] = ()
     predictor_state: bool = True
+    # Tensor parallelism (vLLM's -tp): the model split across this many processes, each with its
+    # part of every layer and of the KV cache (`executor/tp_worker.py`); KV sizes are per rank.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         spec = with_draft_model(self.speculative_config, self.speculative_model)
@@ -136,6 +139,10 @@ class EngineArgs:
             )
         if self.swap_space_gib is not None and self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must not be negative, got {self.swap_space_gib}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}"
+            )
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be at least 1, got {self.cpu_threads}")
         if self.quantization not in QUANTIZATIONS:

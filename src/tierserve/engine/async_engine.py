@@ -100,6 +100,9 @@ class AsyncEngine:
         self.view = SnapshotQueueView(lambda: self.snapshot)
         self._open: set[str] = set()
         self.snapshot: EngineSnapshot = take_snapshot(core, 0)
+        watch = getattr(core.executor, "watch", None)
+        if watch is not None:  # a tensor-parallel worker that ends wakes the engine to stop
+            watch(lambda _why: self._wake.set())
 
     def set_observers(
         self,
@@ -193,6 +196,7 @@ class AsyncEngine:
                 self.core.set_layer_hook(self._between_layers)
             while True:
                 self.heartbeat = time.monotonic()
+                self.core.check_executor()
                 news = self._drain_commands()
                 if self._stop.is_set():
                     self.core.set_layer_hook(None)

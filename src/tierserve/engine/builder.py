@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
@@ -25,10 +26,20 @@ from tierserve.engine.gpu_memory import kv_blocks_for_utilization
 from tierserve.executor.draft_loader import load_drafter
 from tierserve.executor.draft_model import DraftModel
 from tierserve.executor.kv_memory import blocks_for_gib, kv_bytes_per_block
+from tierserve.executor.parallel import TPGroup
 from tierserve.executor.torch_executor import TorchExecutor, default_device
+from tierserve.executor.tp_worker import (
+    TPDriverExecutor,
+    TPFollowerExecutor,
+    TPWorkers,
+    WorkerSpec,
+    free_port,
+    rank_device,
+)
 from tierserve.model.config import ModelConfig
 from tierserve.model.loader import load_model
 from tierserve.model.registry import build_model
+from tierserve.model.sharding import ShardingError, check_divisible
 from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.setting import carried
 
@@ -111,17 +122,7 @@ def _no_stage(text: str) -> None:
     pass
 
 
-def build_engine(
-    args: EngineArgs, clock: Clock | None = None, on_stage: Callable[[str], None] = _no_stage
-) -> BuiltEngine:
-    """`on_stage(text)` hears what the build is doing (the server's start-up progress)."""
-    bind_threads(args.cpu_threads)
-    on_stage("loading the model")
-    loaded = load_model(args.model, args.tokenizer)
-    on_stage("building the model (a first start compiles the CPU kernels: about a minute)")
-    device = args.device or default_device()
-    resolved = resolve_defaults(args, device)  # the device-dependent defaults, in one place
-    dtype = _DTYPES[resolved.dtype]
+def _model(args: EngineArgs, loaded, device: str, dtype: torch.dtype, tp: TPGroup | None = None):
     model = build_model(
         loaded.config,
         loaded.weights,
@@ -129,9 +130,52 @@ def build_engine(
         dtype,
         quantization=args.quantization,
         activations=args.activations,
+        tp=tp,
     )
     model.kv_dtype = kv_cache_dtype(args.kv_cache_dtype, model)
     model.set_batch_invariant(args.batch_invariant)
+    return model
+
+
+def tp_threads(args: EngineArgs, device: str) -> int | None:
+    """Each rank's CPU threads under tensor parallelism on the CPU: the engine's, shared out."""
+    if args.tensor_parallel_size == 1 or str(device).startswith("cuda"):
+        return args.cpu_threads
+    return max(1, (args.cpu_threads or DEFAULT_THREADS) // args.tensor_parallel_size)
+
+
+def tp_group(args: EngineArgs, device: str, config: ModelConfig) -> TPGroup | None:
+    """Rank 0's group under `--tensor-parallel-size` N > 1 (the model's shape and the devices
+    checked first: one line each), else None."""
+    n = args.tensor_parallel_size
+    if n == 1:
+        return None
+    check_divisible(config, n)
+    if str(device).startswith("cuda"):
+        have = torch.cuda.device_count()
+        if have < n:
+            raise ShardingError(
+                f"--tensor-parallel-size {n} needs {n} GPUs; this machine has {have}"
+            )
+    return TPGroup(0, n, rank_device(device, 0))
+
+
+def build_engine(
+    args: EngineArgs, clock: Clock | None = None, on_stage: Callable[[str], None] = _no_stage
+) -> BuiltEngine:
+    """`on_stage(text)` hears what the build is doing (the server's start-up progress)."""
+    device = args.device or default_device()
+    args = replace(args, cpu_threads=tp_threads(args, device))
+    bind_threads(args.cpu_threads)
+    on_stage("loading the model")
+    loaded = load_model(args.model, args.tokenizer)
+    on_stage("building the model (a first start compiles the CPU kernels: about a minute)")
+    resolved = resolve_defaults(args, device)  # the device-dependent defaults, in one place
+    dtype = _DTYPES[resolved.dtype]
+    group = tp_group(args, device, loaded.config)
+    if group is not None:
+        device = str(group.device)
+    model = _model(args, loaded, device, dtype, group)
     torch_threads = split_threads(model, args.cpu_threads, args.block_size)
     loaded.weights = {}  # the model took what it needs (the tokenizer stays: a draft model's
     # vocabulary is checked against it)
@@ -171,11 +215,15 @@ def build_engine(
             activations=args.activations,
             kv_dtype=model.kv_dtype,
         )
-    if args.batch_invariant:
-        on_stage("preparing the executor (one step path for every size: --batch-invariant on)")
+    if args.batch_invariant or group is not None:
+        on_stage("preparing the executor (one step path for every size)")
     else:
         on_stage("measuring the step paths (a first start on this machine times them)")
-    executor = TorchExecutor(
+    make = TorchExecutor
+    if group is not None:
+        on_stage(f"starting {group.size - 1} tensor-parallel worker(s)")
+        make = partial(TPDriverExecutor, workers=start_workers(args, group, num_blocks, num_cpu))
+    executor = make(
         model,
         num_blocks,
         args.block_size,
@@ -189,7 +237,8 @@ def build_engine(
         max_seqs=args.max_num_seqs,
     )
     log.info(
-        "KV cache: %d blocks of %d tokens, %s (%.2f GiB)",
+        "KV cache%s: %d blocks of %d tokens, %s (%.2f GiB)",
+        " (each rank's part)" if group is not None else "",
         num_blocks,
         args.block_size,
         str(model.kv_dtype).removeprefix("torch."),
@@ -226,6 +275,60 @@ def build_engine(
     )
     name = args.model or "SmolLM2-135M-Instruct"
     return BuiltEngine(engine, loaded.tokenizer, loaded.config, name, executor, args, torch_threads)
+
+
+def start_workers(args: EngineArgs, group: TPGroup, num_blocks: int, num_cpu: int) -> TPWorkers:
+    """Ranks 1..N-1 started, the group joined, every shard built (or the first error raised)."""
+    port = free_port()
+    level = logging.getLogger().getEffectiveLevel()
+    specs = [
+        WorkerSpec(
+            args,
+            rank=r,
+            size=group.size,
+            port=port,
+            device=rank_device(str(group.device), r),
+            num_blocks=num_blocks,
+            num_cpu_blocks=num_cpu,
+            threads=args.cpu_threads,
+            log_level=level,
+        )
+        for r in range(1, group.size)
+    ]
+    workers = TPWorkers(specs)
+    try:
+        workers.connect(group, port)
+        workers.wait_loaded()
+    except BaseException:
+        workers.stop(timeout=1.0)
+        group.close()
+        raise
+    log.info("tensor parallel: %d ranks (worker pids %s)", group.size, workers.pids())
+    return workers
+
+
+def build_follower(spec: WorkerSpec, group: TPGroup, on_loaded: Callable[[], None]):
+    """A worker's executor (executor/tp_worker.py): its shard, its part of the KV cache, the
+    engine's settings; `on_loaded` once the shard is built (rank 0 waits for it)."""
+    args = spec.args
+    bind_threads(spec.threads)
+    loaded = load_model(args.model, args.tokenizer)
+    dtype = _DTYPES[resolve_defaults(args, spec.device).dtype]
+    model = _model(args, loaded, spec.device, dtype, group)
+    loaded.weights = {}
+    on_loaded()
+    cuda = spec.device.startswith("cuda")
+    return TPFollowerExecutor(
+        model,
+        spec.num_blocks,
+        args.block_size,
+        spec.num_cpu_blocks,
+        seed=args.seed,
+        measure=args.measure_costs,
+        decode_graphs="capture" if cuda and not args.enforce_eager else "off",
+        max_model_len=context_length(args.max_model_len, loaded.config.max_position_embeddings),
+        max_seqs=args.max_num_seqs,
+    )
 
 
 def speculation(args: EngineArgs, drafter: DraftModel | None) -> Speculation | None:

@@ -36,7 +36,7 @@ from tierserve.core.predict import LengthPredictor
 from tierserve.core.scheduler import Scheduler
 from tierserve.core.speculation import SpecStepStats, Speculation
 from tierserve.core.stats import Preemption, SchedulerStats
-from tierserve.executor.base import Executor
+from tierserve.executor.base import Executor, ExecutorLost
 from tierserve.policies import create_policy
 from tierserve.priority import Priority
 from tierserve.request import Request, RequestStatus
@@ -241,9 +241,18 @@ class EngineCore:
             s.end_cut_in()
         return changed, self._record(started, out, result, t1 - t0, t2 - t1, cut_in=True)
 
+    def check_executor(self) -> None:
+        """Raise ExecutorLost when the executor can run no more steps (a tensor-parallel worker
+        gone while the engine idled)."""
+        lost = getattr(self.executor, "lost", None)
+        if lost:
+            raise ExecutorLost(lost)
+
     def _execute(self, out: SchedulerOutput) -> ExecutorOutput:
         try:
             return self.executor.execute(out)
+        except ExecutorLost:
+            raise  # nothing can run any more: the engine thread's crash path fails everyone
         except Exception as exc:  # the step's requests fail; everyone else keeps going
             self.num_failed_steps += 1
             return ExecutorOutput(

@@ -8,6 +8,11 @@ from tierserve.core.outputs import ExecutorOutput, SchedulerOutput
 from tierserve.core.preemption import PreemptionCosts
 
 
+class ExecutorLost(RuntimeError):
+    """The executor can run no further step (a tensor-parallel worker died or hung): the engine
+    stops, failing every request, instead of failing one step's and going on."""
+
+
 class Executor(Protocol):
     def execute(self, output: SchedulerOutput) -> ExecutorOutput:
         """Apply swaps, run one forward pass, sample. May raise: the engine then

@@ -26,7 +26,7 @@ from tierserve.executor.sampling_state import SamplingState
 from tierserve.executor.scoring import prompt_logprobs
 from tierserve.executor.state import RequestState
 from tierserve.model.base import CausalLM
-from tierserve.model.sampler import Sampler
+from tierserve.model.sampler import Sampled, Sampler
 from tierserve.model.tokenizer import ChatTokenizer
 from tierserve.sampling_params import SamplingParams
 
@@ -61,6 +61,10 @@ class TorchExecutor:
         "eager"), "eager" (the same buffers and buckets, called eagerly: the CPU's stand-in, for
         tests) or "off"."""
         self.model = model
+        # Tensor parallel (model.tp, executor/parallel.py): rank 0 (the driver) samples and
+        # owns the sampling state; the other ranks append the tokens it drew.
+        self.tp = getattr(model, "tp", None)
+        self.driver = self.tp is None or self.tp.driver
         self.drafter = drafter
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -83,7 +87,7 @@ class TorchExecutor:
             model.config.vocab_size, dev, _grammar_engine(tokenizer, model) if tokenizer else None
         )
         self._costs = self._measure() if measure else None
-        if measure and not model.batch_invariant:
+        if measure and not model.batch_invariant and self.tp is None:
             # the fastest path per step size, measured once per machine and model (one path
             # for every size keeps a row's bits whatever its step: the default plan)
             self.plan = load_or_measure(self)
@@ -102,6 +106,10 @@ class TorchExecutor:
                 capture=decode_graphs == "capture" and model.device.type == "cuda",
             )
             self.runner.graphs.capture_all()
+
+    def close(self) -> None:
+        """Release what outlives the engine (nothing here; tensor-parallel workers: see
+        `executor/tp_worker.py`)."""
 
     # -- cost figures for preemption -------------------------------------------------------
     def preemption_costs(self) -> PreemptionCosts | None:
@@ -181,6 +189,8 @@ class TorchExecutor:
         self.drop_state(rid)
         st.table_row = self.tables.assign(st.block_ids)
         self.states[rid] = st
+        if not self.driver:
+            return None
         error = self.sampling.add(rid, st)
         if error is not None:
             self.drop_state(rid)
@@ -190,9 +200,22 @@ class TorchExecutor:
         st = self.states.pop(rid, None)
         if st is not None:
             self.tables.release(st.table_row)
-            self.sampling.drop(rid, st)
+            if self.driver:
+                self.sampling.drop(rid, st)
 
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
+        return self.run_step(*self.prepare(out))
+
+    def prepare(
+        self,
+        out: SchedulerOutput,
+        failed: dict[str, str] | None = None,
+        drafts: dict[str, list[int]] | None = None,
+    ) -> tuple[dict[str, int], dict[str, list[int]], dict[str, str]]:
+        """A step's state changes before its forward pass: finished and preempted requests
+        dropped, swaps, new requests held, new blocks, drafts proposed. Returns the tokens to
+        run per request, the drafts and the requests that failed. A tensor-parallel follower
+        is given rank 0's `failed` and `drafts` (it neither checks sampling nor drafts)."""
         for rid in out.finished_req_ids | out.preempted_req_ids:
             self.drop_state(rid)
             if self.drafter is not None:
@@ -201,8 +224,11 @@ class TorchExecutor:
             self._timed_copy(self.host_caches, self.kv_caches, out.blocks_to_swap_in),
             self._timed_copy(self.kv_caches, self.host_caches, out.blocks_to_swap_out),
         )
-        failed = {}
+        given = failed is not None
+        failed = dict(failed or {})
         for new in out.scheduled_new:
+            if new.request_id in failed:
+                continue
             st = RequestState(
                 list(new.token_ids),
                 new.num_prompt_tokens,
@@ -212,7 +238,7 @@ class TorchExecutor:
                 eos=new.eos_token_id,
             )
             error = self.add_state(new.request_id, st)
-            if error is not None:
+            if error is not None and not given:
                 failed[new.request_id] = error
         for cached in out.scheduled_cached:
             st = self.states[cached.request_id]
@@ -221,11 +247,18 @@ class TorchExecutor:
         scheduled = out.num_scheduled_tokens
         if failed:
             scheduled = {rid: n for rid, n in scheduled.items() if rid not in failed}
-        drafts = {rid: d for rid, d in out.spec_token_ids.items() if rid in scheduled}
-        if drafts and self.drafter is not None:  # planned drafts, proposed now
-            drafts = self.drafter.fill(drafts, {rid: self.states[rid].tokens for rid in drafts})
+        if drafts is None:
+            drafts = {rid: d for rid, d in out.spec_token_ids.items() if rid in scheduled}
+            if drafts and self.drafter is not None:  # planned drafts, proposed now
+                drafts = self.drafter.fill(drafts, {r: self.states[r].tokens for r in drafts})
         for rid, d in drafts.items():
             self.states[rid].tokens.extend(d)  # verified below; rejected ones are dropped
+        return scheduled, drafts, failed
+
+    def run_step(
+        self, scheduled: dict[str, int], drafts: dict[str, list[int]], failed: dict[str, str]
+    ) -> ExecutorOutput:
+        """The forward pass and sampling of a prepared step."""
         result = (
             self.forward(self.states, scheduled, drafts=drafts) if scheduled else ExecutorOutput()
         )
@@ -245,7 +278,7 @@ class TorchExecutor:
         path = path or self.plan.path(sum(scheduled.values()))
         counts = {rid: len(d) for rid, d in drafts.items()} if drafts else None
         batch, logits = self.runner.run(states, scheduled, path, counts)
-        masks = self.sampling.masks(batch.sample_ids) if batch.sample_ids else None
+        masks = self.sampling.masks(batch.sample_ids) if batch.sample_ids and self.driver else None
         result = ExecutorOutput()
         if batch.score_spans:
             logits, hidden = logits
@@ -257,7 +290,13 @@ class TorchExecutor:
         return result
 
     def _sample(self, logits, batch, masks, states, result: ExecutorOutput, drafts) -> None:
-        out = self.sampler.sample(logits, batch.sample_rows, self.sampling.counts, masks)
+        if self.driver:
+            out = self.sampler.sample(logits, batch.sample_rows, self.sampling.counts, masks)
+            if self.tp is not None:
+                self.tp.share_tokens(out.tokens, len(out.tokens))
+        else:  # rank 0's tokens (the logprobs stay with rank 0)
+            tokens = self.tp.share_tokens(None, len(batch.sample_ids))
+            out = Sampled(tokens, [0.0] * len(tokens), {})
         slots: list[int] = []
         toks: list[int] = []
         i = 0
@@ -279,7 +318,7 @@ class TorchExecutor:
                 del st.tokens[len(st.tokens) - len(d) + kept :]
                 st.num_computed -= len(d) - kept
             error = None
-            for r in rows[: kept + 1]:
+            for r in rows[: kept + 1] if self.driver else ():
                 error = self.sampling.accept(rid, st, out.tokens[r], slots, toks)
                 if error is not None:
                     break
@@ -296,7 +335,8 @@ class TorchExecutor:
                 result.accepted_token_ids[rid] = list(d[:kept])
                 result.accepted_logprobs[rid] = [out.logprobs[r] for r in rows[:kept]]
                 result.accepted_top_logprobs[rid] = [out.top.get(r) for r in rows[:kept]]
-        self.sampling.flush(slots, toks)
+        if self.driver:
+            self.sampling.flush(slots, toks)
 
 
 def _grammar_engine(tokenizer: ChatTokenizer, model: CausalLM):

@@ -36,6 +36,7 @@ from tierserve.model.config import ModelConfig
 from tierserve.model.layers import Rope, activation, rms_norm
 from tierserve.model.linear import Linear
 from tierserve.model.plan import StepPlan
+from tierserve.model.sharding import ShardedWeights, shard_config, vocab_per_rank
 from tierserve.model.weights import QuantPolicy, WeightBuilder
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,14 @@ class DecoderLM(CausalLM):
         kernels: bool | None = None,  # None: use them where they apply and load
         quantization: str = "auto",
         activations: str = "float32",  # the quantized kernels' products (model/weights.py)
+        tp=None,  # executor.parallel.TPGroup: build rank tp.rank's shard (model/sharding.py)
     ) -> None:
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        if self.tp is not None:  # this rank's heads and widths, its part of every weight
+            full = config
+            config = shard_config(full, tp.size)
+            weights = ShardedWeights(weights, full, tp.rank, tp.size)
+            self.vocab_part = vocab_per_rank(full.vocab_size, tp.size)
         super().__init__(config, device, dtype, kernels)
         # bfloat16 GEMMs (the `bf16` path) only where reduced-precision products were accepted
         # (auto, bfloat16, int8): `--activations float32` keeps every product in float32.
@@ -180,7 +188,8 @@ class DecoderLM(CausalLM):
         attention, o, RMSNorm, SiLU-gated MLP, no other bias (`kernels/csrc/layer.cpp`)."""
         d = self.config.head_dim
         return (
-            self.act_name in ("silu", "swish")
+            self.tp is None  # (the fused layer adds o and down into the residual itself)
+            and self.act_name in ("silu", "swish")
             and len(self.ropes) == 1
             and self.ropes[0].full  # any Rope: the fused layer takes its cos/sin tables
             and all(
@@ -211,7 +220,7 @@ class DecoderLM(CausalLM):
         `hidden_rows`, also those rows' final (normed) hidden states, [H, D], for `head`.
         `meta` built fused runs fused layers; `blas`: the GEMMs through BLAS (``"bf16"``: in
         bfloat16)."""
-        x = self.embed(input_ids)
+        x = self._embed(input_ids)
         if self.embed_scale is not None:
             x = x.mul_(torch.tensor(self.embed_scale, dtype=x.dtype))
         if getattr(meta, "fused", False):
@@ -251,8 +260,23 @@ class DecoderLM(CausalLM):
         out = meta.backend.forward(q, k, v, kv[0], kv[1], meta, ly.attn)
         return out.reshape(t, c.q_size)
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp is None:
+            return self.embed(ids)
+        # this rank's rows of the vocabulary; the others' ids look up zeros; summed over ranks
+        local = ids - self.tp.rank * self.vocab_part
+        outside = (local < 0) | (local >= self.vocab_part)
+        x = self.embed(local.masked_fill(outside, 0))
+        return self.tp.all_reduce(x.masked_fill_(outside[:, None], 0.0))
+
     def _residual(self, x, lin: Linear, h, post_norm, blas) -> torch.Tensor:
-        """x += lin(h), normed first under sandwich norms; in x's memory."""
+        """x += lin(h), normed first under sandwich norms; in x's memory. Tensor parallel: lin
+        is row-parallel, its partial products summed over the ranks first."""
+        if self.tp is not None:
+            y = self.tp.all_reduce(lin(h, blas))
+            if post_norm is not None:
+                y = rms_norm(y, post_norm, self.config.rms_norm_eps)
+            return x.add_(y)
         if post_norm is None:
             return lin.add_into(x, h, blas)
         return x.add_(rms_norm(lin(h, blas), post_norm, self.config.rms_norm_eps))
@@ -260,6 +284,8 @@ class DecoderLM(CausalLM):
     def head(self, hidden: torch.Tensor, blas: bool | str = False) -> torch.Tensor:
         """float32 logits of final (normed) hidden states (the ``bf16`` path's on the kernel)."""
         logits = self.lm_head(hidden, False if blas == "bf16" else blas).float()
+        if self.tp is not None:  # this rank's columns of the vocabulary -> all of them
+            logits = self.tp.gather_logits(logits, self.config.vocab_size)
         cap = self.logit_softcap
         return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
 

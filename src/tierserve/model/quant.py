@@ -64,6 +64,14 @@ class QuantTensor:
         """Output rows `index` (e.g. undoing llama.cpp's rope permutation of q and k)."""
         return QuantTensor(self.fmt, (len(index), self.shape[1]), self.blocks[index])
 
+    def cols(self, start: int, stop: int) -> QuantTensor:
+        """Input columns [start, stop), on block boundaries (a row-parallel shard)."""
+        if start % BLOCK or stop % BLOCK:
+            raise ValueError(f"cols({start}, {stop}): not on {BLOCK}-weight block boundaries")
+        b = _BLOCK_BYTES[self.fmt]
+        part = self.blocks[:, start // BLOCK * b : stop // BLOCK * b]
+        return QuantTensor(self.fmt, (self.shape[0], stop - start), np.ascontiguousarray(part))
+
 
 def cat_rows(parts: list[QuantTensor]) -> QuantTensor:
     """Stack weights of one format along the output dimension (fused q/k/v, gate/up)."""

@@ -93,9 +93,13 @@ def build_model(
     kernels=None,
     quantization="auto",
     activations="float32",
+    tp=None,
 ):
-    """The model for `config.architecture` over `weights` (popped as they are used)."""
+    """The model for `config.architecture` over `weights` (popped as they are used); with `tp`
+    (an `executor.parallel.TPGroup` of more than one rank), its rank's shard."""
     import torch
 
     cls = model_class(config.architecture)
-    return cls(config, weights, device, dtype or torch.float32, kernels, quantization, activations)
+    return cls(
+        config, weights, device, dtype or torch.float32, kernels, quantization, activations, tp
+    )
