@@ -16,7 +16,9 @@ the event loop as one immutable ``_Report`` by a reference swap:
 ``generate`` streams a request's chunks (wire.py): ``hello`` first (this replica and the reason
 the router chose it), then the engine's deltas. A cancelled stream (the ingress gave up, the
 client left) aborts the request, which frees its KV blocks. A dead engine thread fails the
-health check, and Serve replaces the replica.
+health check, and Serve replaces the replica. Under `--tensor-parallel-size` N a replica is one
+engine of N processes (its placement group: launch.py): a lost worker stops its engine, so the
+same health check replaces the whole replica.
 """
 
 from __future__ import annotations
@@ -205,3 +207,4 @@ class EngineReplica:
         with contextlib.suppress(Exception):
             self._reporter.cancel()
             self.engine.shutdown()
+            self.built.executor.close()  # (tensor-parallel workers)

@@ -116,6 +116,34 @@ def _scaling(opts: ClusterOptions) -> dict:
     }
 
 
+def wants_gpus(args: EngineArgs) -> bool:
+    """Whether the engine replicas run on CUDA (`--device`, else whether this host has it)."""
+    if args.device is not None:
+        return args.device.startswith("cuda")
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def engine_placement(args: EngineArgs, opts: ClusterOptions) -> dict:
+    """The engine deployment's resources. With `--tensor-parallel-size` N each replica is one
+    engine of N processes on one node: a placement group of one bundle (STRICT_PACK) holding
+    N times a replica's CPUs and, on CUDA, N GPUs, all of which the replica's actor takes (its
+    worker processes inherit them: Ray makes the N GPUs visible to it)."""
+    tp = args.tensor_parallel_size
+    if tp == 1:
+        return {"ray_actor_options": {"num_cpus": opts.replica_cpus}}
+    actor = {"num_cpus": opts.replica_cpus * tp}
+    bundle = {"CPU": opts.replica_cpus * tp}
+    if wants_gpus(args):
+        actor["num_gpus"] = bundle["GPU"] = tp
+    return {
+        "ray_actor_options": actor,
+        "placement_group_bundles": [bundle],
+        "placement_group_strategy": "STRICT_PACK",
+    }
+
+
 def build_app(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions):
     """The bound Serve application (Ingress -> Engine, both -> Board)."""
     from ray import serve
@@ -141,13 +169,13 @@ def build_app(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions):
     engine = serve.deployment(EngineReplica).options(
         name="Engine",
         max_ongoing_requests=100_000,  # our admission control and scheduler do the limiting
-        ray_actor_options={"num_cpus": opts.replica_cpus},
         request_router_config=router,
         health_check_period_s=opts.health_check_period_s,
         health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=settings.shutdown_grace_s,
         graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S,
         **_scaling(opts),
+        **engine_placement(args, opts),
     )
     ingress = serve.deployment(Ingress).options(
         name="Ingress",
@@ -159,6 +187,8 @@ def build_app(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions):
     )
     b = board.bind()
     threads = max(1, math.floor(opts.replica_cpus))
+    if args.tensor_parallel_size > 1 and args.cpu_threads is None:  # per rank: one share
+        args = dataclasses.replace(args, cpu_threads=threads * args.tensor_parallel_size)
     from tierserve.api.tenancy import tenant_registry
 
     tenants = tuple(tenant_registry(settings).tenants)  # the metrics' tenant labels
@@ -171,9 +201,11 @@ def build_app(args: EngineArgs, settings: ServerSettings, opts: ClusterOptions):
     )
 
 
-def start_ray(opts: ClusterOptions, temp_dir: str | None = None, **ray_kw) -> str | None:
+def start_ray(
+    opts: ClusterOptions, temp_dir: str | None = None, tp: int = 1, **ray_kw
+) -> str | None:
     """Join `opts.ray_address`, or start a local Ray on loopback in a new temp dir (returned,
-    for the caller to remove after ``ray.shutdown()``)."""
+    for the caller to remove after ``ray.shutdown()``); `tp`: processes per engine replica."""
     import ray
 
     if opts.ray_address:
@@ -182,7 +214,7 @@ def start_ray(opts: ClusterOptions, temp_dir: str | None = None, **ray_kw) -> st
     temp_dir = temp_dir or tempfile.mkdtemp(prefix="tsray-")
     # Logical CPUs: enough for every replica at its share, even on a small machine (the
     # replicas then share the cores, as the single-process engine and its clients do).
-    need = opts.ingress_replicas + (opts.max_replicas or opts.replicas) * opts.replica_cpus
+    need = opts.ingress_replicas + (opts.max_replicas or opts.replicas) * opts.replica_cpus * tp
     ray.init(
         address="local",
         num_cpus=max(os.cpu_count() or 1, math.ceil(need)),
@@ -212,7 +244,7 @@ def serve_cluster(args: EngineArgs, settings: ServerSettings, opts: ClusterOptio
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
     stop = threading.Event()
-    temp_dir = start_ray(opts)
+    temp_dir = start_ray(opts, tp=args.tensor_parallel_size)
     try:
         # After ray.init, which installs handlers of its own: a signal stops serving cleanly.
         for sig in (signal.SIGINT, signal.SIGTERM):
