@@ -30,8 +30,10 @@ def test_70b_decode_step_on_8_a100_matches_a_hand_calculation():
     kv_bytes = (32 * 1000 + 32) * (2 * 80 * 1024 * 2)  # contexts read + new tokens written
     memory = (weight_bytes + kv_bytes) / 8 / (2039e9 * 0.80)
     allreduce = 15e-6 + 2 * 7 / 8 * (32 * 8192 * 2) / 230e9
-    expected = 0.004 + max(compute, memory) + 2 * 80 * allreduce
-    assert expected == pytest.approx(0.018495, abs=1e-6)  # memory-bound: ~18.5 ms
+    # two per layer and the embedding's; the logits gathered; the sampled tokens broadcast
+    gather = 15e-6 + 7 / 8 * (32 * 128_256 * 4) / 230e9
+    expected = 0.004 + max(compute, memory) + (2 * 80 + 1) * allreduce + gather + 15e-6
+    assert expected == pytest.approx(0.018606, abs=1e-6)  # memory-bound: ~18.6 ms
     got = cm.step([(1, 1000)] * 32, 32)
     assert got.seconds == pytest.approx(expected, rel=1e-12)
     assert got.memory_s > got.compute_s
@@ -478,3 +480,36 @@ def test_simulate_flags_for_heavy_tails_prediction_and_preemption_reach_the_run(
     assert "--predictive takes off, all or some of order" in capsys.readouterr().err
     assert main(["simulate", "--scenario", "seed-table", "--lengths", "heavy-tail"]) == 2
     assert "apply to custom runs" in capsys.readouterr().err
+
+
+def test_tensor_parallel_costs_what_the_engine_communicates():
+    """tp=1: no communication; tp=2: the embedding's and each layer's two all-reduces, and,
+    when a row samples, the logits gathered and the tokens broadcast."""
+    hw, model = load_hardware("h100-80gb"), load_model_profile("llama-3.1-8b")
+    one, two = CostModel(hw, model, tp=1), CostModel(hw, model, tp=2)
+    assert one.step([(1, 100)] * 4, 4).comm_s == 0.0
+    c = model.config
+    reduce = hw.allreduce_latency_s + 2 * 0.5 * (4 * c.hidden_size * 2) / hw.allreduce_bus_bandwidth
+    prefill = two.step([(4, 4)], 0).comm_s  # no row samples: no logits, no tokens
+    assert prefill == pytest.approx((2 * c.num_layers + 1) * reduce, rel=1e-12)
+    gather = hw.allreduce_latency_s + 0.5 * (4 * c.vocab_size * 4) / hw.allreduce_bus_bandwidth
+    decode = two.step([(1, 100)] * 4, 4).comm_s
+    assert decode == pytest.approx(prefill + gather + hw.allreduce_latency_s, rel=1e-12)
+
+
+def test_the_fleet_scenarios_take_each_replicas_tensor_parallel_size(monkeypatch, tmp_path):
+    from tierserve.cli import main
+    from tierserve.sim import scenarios
+
+    seen = []
+
+    def grid(configs, workers):  # the configs only: the scenario's runs take minutes
+        seen.extend(configs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(scenarios, "run_grid", grid)
+    for scenario in ("fleet", "fleet-ingress"):
+        seen.clear()
+        with pytest.raises(SystemExit):
+            main(["simulate", "--scenario", scenario, "--tp", "2", "--out", str(tmp_path)])
+        assert seen and all(c.sim.tp == 2 for c in seen)

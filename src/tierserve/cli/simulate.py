@@ -29,7 +29,12 @@ def add_simulate_arguments(sm: argparse.ArgumentParser) -> None:
     sm.add_argument("--concurrency", type=int, nargs="+", default=[32, 128, 512])
     sm.add_argument("--hardware", default=None, help="profile name or .json (default a100-80gb)")
     sm.add_argument("--model", default=None, help="profile name or .json (default llama-3.1-70b)")
-    sm.add_argument("--tp", type=int, default=None, help="tensor parallel size (default 8)")
+    sm.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        help="tensor parallel size of each engine (default 8; fleet scenarios: 1)",
+    )
     sm.add_argument("--max-num-seqs", type=int, default=None)
     sm.add_argument("--max-num-batched-tokens", type=int, default=None)
     sm.add_argument("--arrival", choices=["closed", "poisson", "gamma"], default="closed")
@@ -197,6 +202,8 @@ def simulate(args: argparse.Namespace) -> int:
     from tierserve.sim.report.engine import targets, write_all
     from tierserve.sim.report.fleet import fleet_targets, write_fleet_all
     from tierserve.sim.scenarios import (
+        FLEET_BASE,
+        INGRESS_BASE,
         MEMORY_PRESSURE_BASE,
         SEED_BASE,
         fleet_configs,
@@ -255,10 +262,12 @@ def simulate(args: argparse.Namespace) -> int:
         configs = seed_table_configs(with_sla_admission(MEMORY_PRESSURE_BASE, sla_on, margin))
         title = "Memory pressure: the seed grid with the KV cache capped at 12,000 blocks"
     elif args.scenario == "fleet":
-        configs = fleet_configs(routers=args.router) if args.router else fleet_configs()
+        base = replace(FLEET_BASE, tp=args.tp or FLEET_BASE.tp)  # --tp: each replica's size
+        configs = fleet_configs(base, routers=args.router) if args.router else fleet_configs(base)
         title = "Fleet: routers compared on simulated replicas"
     elif args.scenario == "fleet-ingress":
-        configs = fleet_ingress_configs(experiments=tuple(args.experiment or ()))
+        base = replace(INGRESS_BASE, tp=args.tp or INGRESS_BASE.tp)
+        configs = fleet_ingress_configs(base, experiments=tuple(args.experiment or ()))
         title = "Fleet: the ingress's admission, queue and autoscaler on simulated replicas"
     else:
         wl = workload_config(args)

@@ -11,8 +11,11 @@ tokens, ``S`` of which sample a token):
   ``mem_bandwidth * memory_efficiency``; the KV of every request's context read once and the new
   tokens' KV written, at ``mem_bandwidth * kv_memory_efficiency``; split over ``tp``;
 * roofline mode: ``max(compute, memory)``; additive mode: their sum (fitted on a CPU);
-* tensor parallel all-reduce: two per layer over ``T * H * dtype`` bytes, ring cost
-  ``latency + 2 (tp - 1) / tp * bytes / bus_bandwidth``;
+* tensor parallel, as the engine runs it (`executor/parallel.py`): an all-reduce after each
+  row-parallel projection (two per layer) and one after the vocabulary-parallel embedding
+  lookup, each over ``T * H * dtype`` bytes at ring cost ``latency + 2 (tp - 1) / tp * bytes /
+  bus_bandwidth``; the head's logits gathered (``S * V`` float32, ``latency + (tp - 1) / tp *
+  bytes / bus_bandwidth``); rank 0's sampled tokens broadcast (``latency``);
 * a fixed overhead per step and per scheduled request.
 
 Swapping ``b`` blocks costs ``b * block_bytes / tp / pcie_bandwidth`` (each device moves its
@@ -97,10 +100,13 @@ class CostModel:
         body = max(compute, memory) if hw.mode == "roofline" else compute + memory
         comm = 0.0
         if tp > 1:
-            layers = self.model.config.num_layers
-            msg = tokens * self.model.config.hidden_size * self.dtype
-            one = hw.allreduce_latency_s + 2 * (tp - 1) / tp * msg / hw.allreduce_bus_bandwidth
-            comm = 2 * layers * one
+            c, lat, bus = self.model.config, hw.allreduce_latency_s, hw.allreduce_bus_bandwidth
+            msg = tokens * c.hidden_size * self.dtype
+            one = lat + 2 * (tp - 1) / tp * msg / bus
+            comm = (2 * c.num_layers + 1) * one
+            if num_sampled:
+                comm += lat + (tp - 1) / tp * num_sampled * c.vocab_size * 4 / bus  # logits
+                comm += lat  # the sampled tokens, from rank 0
         seconds = hw.step_overhead_s + hw.per_seq_overhead_s * len(chunks) + body + comm
         return StepCost(seconds, lin_flops + attn_flops, nbytes, compute, memory, comm)
 
