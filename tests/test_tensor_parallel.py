@@ -30,6 +30,7 @@ from tests.test_architectures import save_tiny
 from tests.test_batch_invariance import prompts, serve
 from tierserve import LLM
 from tierserve.core.speculation import SpecConfig
+from tierserve.executor import shm_comm
 from tierserve.executor.base import ExecutorLost
 from tierserve.model import quant
 from tierserve.model.config import ModelConfig
@@ -117,6 +118,61 @@ def test_a_count_that_does_not_divide_is_refused_naming_it(kw, named):
     with pytest.raises(ShardingError, match=named):
         shard_config(_config(**kw), 2)
     assert shard_config(_config(), 2).num_heads == 2
+
+
+# -- the CPU's shared-memory collectives, across two processes ------------------------------
+SLOT = 4096  # bytes: small, so that messages go in pieces
+
+
+def _shm_rank(rank: int, path: str, out) -> None:
+    torch.manual_seed(rank)
+    comm = shm_comm.ShmComm(path, rank, 2, timeout_s=20, slot_bytes=SLOT)
+    x = torch.arange(3000, dtype=torch.float32) * (rank + 1)  # 12 kB: three pieces
+    comm.all_reduce(x)
+    y = torch.randn(37, 11)  # a random part per rank; 37 rows over 4 kB slots
+    parts = comm.all_gather_rows(y)
+    tokens = comm.broadcast(torch.tensor([5, 7, 9]) if rank == 0 else torch.zeros(3).long())
+    out.put((rank, x.numpy(), y.numpy(), [p.numpy() for p in parts], tokens.tolist()))
+    if rank == 1:
+        return  # silent from now on: rank 0's next collective times out
+    comm.timeout_s = 1.0
+    try:
+        comm.all_reduce(torch.ones(4))
+    except RuntimeError as exc:
+        out.put((rank, str(exc)))
+
+
+def test_shared_memory_collectives_sum_gather_and_broadcast_across_processes(tmp_path):
+    import multiprocessing as mp
+
+    path = shm_comm.create(2, slot_bytes=SLOT)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_shm_rank, args=(r, path, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=60) for _ in range(3)]
+    for p in procs:
+        p.join(30)
+    os.unlink(path)
+    by_rank = {g[0]: g for g in got if len(g) == 5}
+    timed_out = next(g[1] for g in got if len(g) == 2)
+    want = np.arange(3000, dtype=np.float32) * 3
+    for r in (0, 1):
+        _, x, _, parts, tokens = by_rank[r]
+        assert np.array_equal(x, want) and tokens == [5, 7, 9]
+        assert all(np.array_equal(parts[q], by_rank[q][2]) for q in (0, 1))
+    assert "timed out after 1 s waiting for rank(s) [1]" in timed_out
+
+
+def test_gloo_serves_where_shared_memory_is_off(llama, monkeypatch):
+    folder, expect = llama
+    monkeypatch.setenv("TIERSERVE_TP_SHM", "off")
+    ids = prompts(0)[:3]
+    kw = dict(num_kv_blocks=64, measure_costs=False, tensor_parallel_size=2)
+    with LLM(model=str(folder), **kw) as llm:
+        assert llm.executor.tp.shm is None
+        check([(o.token_ids, o.logprobs) for o in llm.generate(ids, GREEDY)], ids, expect)
 
 
 # -- TP=2 against TP=1 ----------------------------------------------------------------------

@@ -157,7 +157,7 @@ def tp_group(args: EngineArgs, device: str, config: ModelConfig) -> TPGroup | No
             raise ShardingError(
                 f"--tensor-parallel-size {n} needs {n} GPUs; this machine has {have}"
             )
-    return TPGroup(0, n, rank_device(device, 0))
+    return TPGroup.for_rank0(n, rank_device(device, 0))
 
 
 def build_engine(
@@ -292,6 +292,7 @@ def start_workers(args: EngineArgs, group: TPGroup, num_blocks: int, num_cpu: in
             num_cpu_blocks=num_cpu,
             threads=args.cpu_threads,
             log_level=level,
+            shm_path=group.shm_path,
         )
         for r in range(1, group.size)
     ]
@@ -315,6 +316,7 @@ def build_follower(spec: WorkerSpec, group: TPGroup, on_loaded: Callable[[], Non
     loaded = load_model(args.model, args.tokenizer)
     dtype = _DTYPES[resolve_defaults(args, spec.device).dtype]
     model = _model(args, loaded, spec.device, dtype, group)
+    split_threads(model, spec.threads, args.block_size)
     loaded.weights = {}
     on_loaded()
     cuda = spec.device.startswith("cuda")

@@ -55,6 +55,7 @@ class WorkerSpec:
     num_cpu_blocks: int
     threads: int | None
     log_level: int
+    shm_path: str | None = None  # the CPU's shared-memory collectives (executor/shm_comm.py)
 
 
 def free_port() -> int:
@@ -146,15 +147,24 @@ class TPWorkers:
 
         threading.Thread(target=run, name="tierserve-tp-watch", daemon=True).start()
 
+    def gone(self) -> str | None:
+        """Why a worker is gone, looking at the processes now (None: all running)."""
+        if self.lost:
+            return self.lost
+        for rank, p in enumerate(self.procs, 1):
+            if not p.is_alive():
+                return f"tensor-parallel worker {rank} (pid {p.pid}) exited ({p.exitcode})"
+        return None
+
     def diagnose(self, exc: BaseException, wait_s: float = 1.0) -> str:
         """Why a step failed, in one line: a worker that exited (waiting `wait_s` for its end to
         be seen), else the error's first line (a hung worker: the collective timed out)."""
         if self.lost:
             return self.lost
         wait([p.sentinel for p in self.procs], timeout=wait_s)
-        for rank, p in enumerate(self.procs, 1):
-            if not p.is_alive():
-                return f"tensor-parallel worker {rank} (pid {p.pid}) exited ({p.exitcode})"
+        gone = self.gone()
+        if gone:
+            return gone
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         return f"tensor-parallel step failed ({type(exc).__name__}: {first[:200]})"
 
@@ -187,6 +197,8 @@ class TPDriverExecutor(TorchExecutor):
     def __init__(self, model, *args, workers: TPWorkers, **kwargs) -> None:
         self.workers = workers
         self._hooked = False
+        if model.tp is not None:  # a shared-memory wait gives up once a worker is gone
+            model.tp.abort = workers.gone
         super().__init__(model, *args, **kwargs)
 
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
@@ -268,7 +280,10 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     try:
         from tierserve.engine.builder import build_follower
 
-        group = TPGroup(spec.rank, spec.size, spec.device).connect(spec.port)
+        group = TPGroup(spec.rank, spec.size, spec.device, spec.shm_path)
+        parent = os.getppid()
+        group.abort = lambda: "rank 0 is gone" if os.getppid() != parent else None
+        group.connect(spec.port)
         executor = build_follower(spec, group, lambda: conn.send(("loaded", None)))
     except BaseException as exc:  # told to rank 0, in one line
         with contextlib.suppress(OSError):

@@ -188,8 +188,7 @@ class DecoderLM(CausalLM):
         attention, o, RMSNorm, SiLU-gated MLP, no other bias (`kernels/csrc/layer.cpp`)."""
         d = self.config.head_dim
         return (
-            self.tp is None  # (the fused layer adds o and down into the residual itself)
-            and self.act_name in ("silu", "swish")
+            self.act_name in ("silu", "swish")
             and len(self.ropes) == 1
             and self.ropes[0].full  # any Rope: the fused layer takes its cos/sin tables
             and all(
@@ -305,6 +304,9 @@ class DecoderLM(CausalLM):
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             if hook is not None and i:
                 hook()  # between layers i - 1 and i
+            if self.tp is not None:
+                self._fused_halves(x, layer, cos, sin, k_cache, v_cache, meta)
+                continue
             self.kernels.decoder_layer(
                 x, layer.qkv.kernel_weight, layer.qkv.bias, layer.o.kernel_weight,
                 layer.gate_up.kernel_weight, layer.down.kernel_weight,
@@ -312,3 +314,20 @@ class DecoderLM(CausalLM):
                 meta.tables, meta.segments, c.num_heads, c.rms_norm_eps,
             )  # fmt: skip
         return x
+
+    def _fused_halves(self, x, layer, cos, sin, k_cache, v_cache, meta) -> None:
+        """Tensor parallel: the fused layer's two halves, each rank's partial o and down
+        products summed over the ranks before they join the residual."""
+        c, k = self.config, self.kernels
+        part = torch.empty_like(x)
+        k.decoder_attention(
+            x, layer.qkv.kernel_weight, layer.qkv.bias, layer.o.kernel_weight, layer.ln_attn,
+            cos, sin, k_cache, v_cache, meta.slot_mapping, meta.tables, meta.segments,
+            c.num_heads, c.rms_norm_eps, part, False,
+        )  # fmt: skip
+        x.add_(self.tp.all_reduce(part))
+        k.decoder_mlp(
+            x, layer.gate_up.kernel_weight, layer.down.kernel_weight, layer.ln_mlp,
+            c.rms_norm_eps, part, False,
+        )  # fmt: skip
+        x.add_(self.tp.all_reduce(part))

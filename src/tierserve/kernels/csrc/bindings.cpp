@@ -22,6 +22,14 @@ void decoder_layer(at::Tensor& x, const QWeight& w_qkv, const c10::optional<at::
                    const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache,
                    const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& segments,
                    int64_t heads, double eps);
+void decoder_attention(const at::Tensor& x, const QWeight& w_qkv,
+                       const c10::optional<at::Tensor>& b_qkv, const QWeight& w_o,
+                       const at::Tensor& ln_attn, const at::Tensor& cos, const at::Tensor& sin,
+                       at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots,
+                       const at::Tensor& tables, const at::Tensor& segments, int64_t heads,
+                       double eps, at::Tensor& out, bool add);
+void decoder_mlp(const at::Tensor& x, const QWeight& w_gate_up, const QWeight& w_down,
+                 const at::Tensor& ln_mlp, double eps, at::Tensor& out, bool add);
 }  // namespace tierserve
 
 // Every kernel releases the GIL while it runs, as PyTorch's own ops do: the server's event loop
@@ -69,6 +77,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_logsumexp", &tierserve::argmax_logsumexp, "(argmax, logsumexp) per row",
         release());
   m.def("decoder_layer", &tierserve::decoder_layer, "one decoder layer, x in place", release());
+  m.def("decoder_attention", &tierserve::decoder_attention,
+        "a layer's attention half: its o product into out (added with add)", release());
+  m.def("decoder_mlp", &tierserve::decoder_mlp,
+        "a layer's MLP half: its down product into out (added with add)", release());
   m.def("set_kernel_threads", &tierserve::set_kernel_threads,
         "threads the kernels' parallel regions use, the caller included", release());
   m.def("kernel_threads", &tierserve::kernel_threads, "threads the kernels use", release());

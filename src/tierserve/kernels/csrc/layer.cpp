@@ -6,7 +6,9 @@
 //   x += attention(q, cache) @ W_o ; h = rms_norm(x) ; gu = h @ W_gate_up ;
 //   x += (silu(gate) * up) @ W_down
 //
-// x (the residual stream) is updated in place. Attention covers every row through segments
+// x (the residual stream) is updated in place. Tensor parallelism runs the two halves apart
+// (`decoder_attention`, `decoder_mlp`: this rank's partial o and down products into `out`, to be
+// summed over the ranks before they join the residual). Attention covers every row through segments
 // (see attention.cpp), fresh prompts included: their keys are in the cache before they attend.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -120,27 +122,26 @@ void write_kv(const float* src, int64_t row_stride, at::Tensor& cache, const int
 
 }  // namespace
 
-void decoder_layer(at::Tensor& x, const QWeight& w_qkv, const c10::optional<at::Tensor>& b_qkv,
-                   const QWeight& w_o, const QWeight& w_gate_up, const QWeight& w_down,
-                   const at::Tensor& ln_attn, const at::Tensor& ln_mlp, const at::Tensor& cos,
-                   const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache,
-                   const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& segments,
-                   int64_t heads, double eps) {
+void decoder_attention(const at::Tensor& x, const QWeight& w_qkv,
+                       const c10::optional<at::Tensor>& b_qkv, const QWeight& w_o,
+                       const at::Tensor& ln_attn, const at::Tensor& cos, const at::Tensor& sin,
+                       at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots,
+                       const at::Tensor& tables, const at::Tensor& segments, int64_t heads,
+                       double eps, at::Tensor& out, bool add) {
   TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat, "decoder_layer: x");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && slots.is_contiguous() &&
-                  slots.scalar_type() == at::kLong && ln_attn.is_contiguous() &&
-                  ln_mlp.is_contiguous(),
+                  slots.scalar_type() == at::kLong && ln_attn.is_contiguous(),
               "decoder_layer: contiguous cos, sin, int64 slots and norms expected");
   const int64_t T = x.size(0), hidden = x.size(1);
   const int64_t kvh = k_cache.size(0), d = k_cache.size(3);
   const int64_t slots_per_head = k_cache.size(1) * k_cache.size(2);
-  const int64_t inter = w_down.K, qkv_n = w_qkv.N;
+  const int64_t qkv_n = w_qkv.N;
   TORCH_CHECK(qkv_n == (heads + 2 * kvh) * d && cos.size(0) == T && cos.size(1) == d &&
-                  slots.numel() == T && d <= 512 && w_gate_up.N == 2 * inter,
+                  slots.numel() == T && d <= 512,
               "decoder_layer: shapes do not fit");
-  const float e = static_cast<float>(eps);
   auto h = at::empty_like(x);
-  rms_norm(x.data_ptr<float>(), ln_attn.data_ptr<float>(), h.data_ptr<float>(), T, hidden, e);
+  rms_norm(x.data_ptr<float>(), ln_attn.data_ptr<float>(), h.data_ptr<float>(), T, hidden,
+           static_cast<float>(eps));
   auto qkv = at::empty({T, qkv_n}, x.options());
   weight_linear_into(h, w_qkv, b_qkv, qkv, false);
   float* qp = qkv.data_ptr<float>();
@@ -155,12 +156,33 @@ void decoder_layer(at::Tensor& x, const QWeight& w_qkv, const c10::optional<at::
   auto attn = at::empty({T, heads, d}, x.options());
   auto q = qkv.view({T, heads + 2 * kvh, d}).narrow(1, 0, heads);
   paged_attention_into(q, k_cache, v_cache, tables, segments, 1.0 / std::sqrt(double(d)), attn);
-  weight_linear_into(attn.view({T, heads * d}), w_o, c10::nullopt, x, true);
-  rms_norm(x.data_ptr<float>(), ln_mlp.data_ptr<float>(), h.data_ptr<float>(), T, hidden, e);
+  weight_linear_into(attn.view({T, heads * d}), w_o, c10::nullopt, out, add);
+}
+
+void decoder_mlp(const at::Tensor& x, const QWeight& w_gate_up, const QWeight& w_down,
+                 const at::Tensor& ln_mlp, double eps, at::Tensor& out, bool add) {
+  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat && ln_mlp.is_contiguous(),
+              "decoder_layer: x and its norm");
+  const int64_t T = x.size(0), hidden = x.size(1), inter = w_down.K;
+  TORCH_CHECK(w_gate_up.N == 2 * inter, "decoder_layer: shapes do not fit");
+  auto h = at::empty_like(x);
+  rms_norm(x.data_ptr<float>(), ln_mlp.data_ptr<float>(), h.data_ptr<float>(), T, hidden,
+           static_cast<float>(eps));
   auto gu = at::empty({T, 2 * inter}, x.options());
   weight_linear_into(h, w_gate_up, c10::nullopt, gu, false);
   silu_mul(gu.data_ptr<float>(), T, inter);
-  weight_linear_into(gu.narrow(1, 0, inter), w_down, c10::nullopt, x, true);
+  weight_linear_into(gu.narrow(1, 0, inter), w_down, c10::nullopt, out, add);
+}
+
+void decoder_layer(at::Tensor& x, const QWeight& w_qkv, const c10::optional<at::Tensor>& b_qkv,
+                   const QWeight& w_o, const QWeight& w_gate_up, const QWeight& w_down,
+                   const at::Tensor& ln_attn, const at::Tensor& ln_mlp, const at::Tensor& cos,
+                   const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache,
+                   const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& segments,
+                   int64_t heads, double eps) {
+  decoder_attention(x, w_qkv, b_qkv, w_o, ln_attn, cos, sin, k_cache, v_cache, slots, tables,
+                    segments, heads, eps, x, true);
+  decoder_mlp(x, w_gate_up, w_down, ln_mlp, eps, x, true);
 }
 
 }  // namespace tierserve
