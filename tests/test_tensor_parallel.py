@@ -361,3 +361,30 @@ def test_a_model_that_does_not_split_is_one_line_and_status_2(llama):
         "tierserve serve: --tensor-parallel-size 3: the model's 4 attention heads do not "
         "divide by 3"
     )
+
+
+def test_a_gguf_files_quantized_blocks_split_whole_and_two_ranks_answer_as_one(
+    tmp_path, monkeypatch
+):
+    """A q8_0 GGUF file (Qwen2: q/k/v biases, run by the fused layer's halves): each rank keeps
+    its part of every weight in q8_0 (o's and down's inputs cut on whole 32-weight blocks)."""
+    from tests.test_architectures import write_gguf
+
+    monkeypatch.setenv("TIERSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    hf = save_tiny(folder, "Qwen2ForCausalLM", seed=5, use_sliding_window=False,
+                   intermediate_size=128)  # fmt: skip
+    write_gguf(hf, tmp_path / "tiny.gguf", "qwen2")
+    ids = prompts(0)[:4]
+    kw = dict(num_kv_blocks=64, measure_costs=False, activations="float32")
+    with LLM(model=str(tmp_path / "tiny.gguf"), **kw) as one:
+        want = one.generate(ids, GREEDY)
+    with LLM(model=str(tmp_path / "tiny.gguf"), tensor_parallel_size=2, **kw) as two:
+        layer = two.executor.model.layers[0]
+        assert [lin.fmt for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] == ["q8_0"] * 4
+        assert layer.down.in_features == 64 and layer.o.in_features == 32
+        got = two.generate(ids, GREEDY)
+    for a, b in zip(want, got, strict=True):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(b.logprobs, a.logprobs, atol=TOL, rtol=0)
