@@ -141,6 +141,10 @@ def test_each_active_feature_has_a_start_up_line():
     assert "prefix caching: off" in lines
     plain, _, _ = parse("--prefix-retention", "0", "0", "0", "0")
     assert feature_lines(plain) == []
+    tp, _, _ = parse("--prefix-retention", "0", "0", "0", "0", "-tp", "2")
+    assert feature_lines(tp) == [
+        "tensor parallel: the model split over 2 processes (KV sizes per rank)"
+    ]
 
 
 def test_serve_help_is_grouped_and_every_option_is_in_one_group():

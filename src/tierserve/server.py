@@ -152,6 +152,11 @@ def feature_lines(args: EngineArgs) -> list[str]:
     """One start-up line for each feature that changes what a request meets, when it is on
     (issue 42: speculation was on with nothing to show it)."""
     out = []
+    if args.tensor_parallel_size > 1:
+        out.append(
+            f"tensor parallel: the model split over {args.tensor_parallel_size} processes "
+            "(KV sizes per rank)"
+        )
     spec = args.speculative_config
     if spec is not None:
         drafter = f"draft model {spec.model}" if spec.method == "draft_model" else "n-gram lookup"

@@ -328,7 +328,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--tensor-parallel-size", E + "tensor_parallel_size", int, None,
-        "split the model across N processes (N GPUs on cuda; gloo on the cpu), one engine; "
+        "split the model across N processes of this host (N GPUs on cuda), one engine; "
         "KV sizes are per rank (default 1)", short="-tp"
     ),
     Option(

@@ -166,8 +166,8 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
              ours=True),
     VllmFlag("--max-logprobs", ACCEPTED, "top logprobs are capped at 20", type=int),
     # -- parallelism -------------------------------------------------------------------------
-    VllmFlag("--tensor-parallel-size", SAME, "Megatron split over N processes (gloo on "
-             "the cpu, NCCL on cuda); KV sizes per rank", ours=True, short="-tp"),
+    VllmFlag("--tensor-parallel-size", SAME, "Megatron split over N processes (NCCL on "
+             "cuda, shared memory on the cpu); KV sizes per rank", ours=True, short="-tp"),
     VllmFlag("--pipeline-parallel-size", DIFFERENT, "1 only", type=int, short="-pp",
              apply=_one_only("--pipeline-parallel-size", "a model on one device (only 1)")),
     VllmFlag("--data-parallel-size", REFUSED, "use --replicas N (engine replicas on Ray "
