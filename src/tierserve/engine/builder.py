@@ -299,11 +299,13 @@ def start_workers(args: EngineArgs, group: TPGroup, num_blocks: int, num_cpu: in
     workers = TPWorkers(specs)
     try:
         workers.connect(group, port)
-        workers.wait_loaded()
+        workers.wait_loaded()  # (each worker mapped the shared-memory file as it joined)
     except BaseException:
         workers.stop(timeout=1.0)
         group.close()
         raise
+    finally:
+        group.unlink_shm()
     log.info("tensor parallel: %d ranks (worker pids %s)", group.size, workers.pids())
     return workers
 

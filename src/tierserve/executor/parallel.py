@@ -113,12 +113,17 @@ class TPGroup:
         dist.broadcast(buf, src=0)
         return buf.tolist()
 
+    def unlink_shm(self) -> None:
+        """Rank 0, once every rank has mapped the shared-memory file: remove its name (the
+        mappings stay), so that nothing is left behind however the processes end."""
+        if self.rank == 0 and self.shm_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.shm_path)
+
     def close(self) -> None:
         if self.shm is not None:
             self.shm.close()
             self.shm = None
-        if self.rank == 0 and self.shm_path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.shm_path)
+        self.unlink_shm()
         if dist.is_initialized():
             dist.destroy_process_group()
