@@ -236,6 +236,20 @@ def test_preemption_prefix_hits_and_drafts_under_two_ranks_give_one_ranks_tokens
         check([(t, lp) for t, lp, _ in res], ids, expect)
 
 
+def test_a_draft_models_drafts_reach_every_rank(llama):
+    """The drafter runs on rank 0 only; its drafts travel in the step's message."""
+    folder, expect = llama
+    ids = prompts(0)[:4]
+    spec = SpecConfig(
+        classes=(0, 1, 2, 3), method="draft_model", model=str(folder), num_speculative_tokens=3
+    )
+    kw = dict(num_kv_blocks=64, measure_costs=False, tensor_parallel_size=2)
+    with LLM(model=str(folder), speculative_config=spec, **kw) as llm:
+        got = llm.generate(ids, GREEDY)
+        assert sum(llm.engine.scheduler.speculation.counts.drafted) > 0
+    check([(o.token_ids, o.logprobs) for o in got], ids, expect)
+
+
 def test_a_p0_cut_in_between_two_layers_runs_on_every_rank(llama):
     """The hook runs a whole step inside a step in flight: the worker runs it at the same
     layer boundary (the `cont` protocol), and every request still gets its TP=1 tokens."""
@@ -388,3 +402,27 @@ def test_a_gguf_files_quantized_blocks_split_whole_and_two_ranks_answer_as_one(
     for a, b in zip(want, got, strict=True):
         assert a.token_ids == b.token_ids
         np.testing.assert_allclose(b.logprobs, a.logprobs, atol=TOL, rtol=0)
+
+
+@pytest.mark.model
+def test_the_embedded_model_splits_three_ways_with_grammars_and_penalties_on_rank_0():
+    """SmolLM2's q4_1 GGUF (9 heads, 3 KV heads) at TP=3: a JSON-schema request with a
+    frequency penalty, whose masks and counts live on rank 0 only, gives TP=1's answer (float32
+    products) and validates."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from tests.test_sampling_engine import SCHEMA, chat
+    from tierserve.grammar import GrammarSpec
+
+    sp = SamplingParams(
+        temperature=0, max_tokens=120, grammar=GrammarSpec.json_schema(SCHEMA),
+        frequency_penalty=0.5,
+    )  # fmt: skip
+    kw = dict(activations="float32", measure_costs=False)
+    with LLM(**kw) as one:
+        ids = chat(one, "Describe the weather in a city as JSON.")
+        want = one.generate(ids, sp)[0]
+    with LLM(tensor_parallel_size=3, **kw) as three:
+        assert three.executor.model.config.num_kv_heads == 1
+        got = three.generate(ids, sp)[0]
+    assert got.token_ids == want.token_ids and got.finish_reason == "stop"
+    jsonschema.validate(json.loads(got.text), SCHEMA)
