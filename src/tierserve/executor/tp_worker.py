@@ -133,17 +133,12 @@ class TPWorkers:
         """A thread that calls `on_lost(why)` when a worker process ends unasked."""
 
         def run() -> None:
-            sentinels = {p.sentinel: (rank, p) for rank, p in enumerate(self.procs, 1)}
-            wait(list(sentinels))
-            if self._stopping:
-                return
-            for rank, p in sentinels.values():
-                if not p.is_alive():
-                    why = f"tensor-parallel worker {rank} (pid {p.pid}) exited ({p.exitcode})"
-                    self.lost = self.lost or why
-                    log.error("%s: the engine stops", why)
-                    on_lost(why)
-                    return
+            wait([p.sentinel for p in self.procs])
+            why = None if self._stopping else self.gone()
+            if why:
+                self.lost = why
+                log.error("%s: the engine stops", why)
+                on_lost(why)
 
         threading.Thread(target=run, name="tierserve-tp-watch", daemon=True).start()
 
