@@ -78,10 +78,11 @@ def test_measured_plan_is_cached_per_machine_and_model_and_logged(tmp_path, monk
     files = list((tmp_path / "autotune").glob("*.json"))
     assert len(files) == 1
     saved = json.loads(files[0].read_text())
-    # every measured size has a time for the kernels' paths (a path more than 4x slower than
-    # the best may go untimed), and the plan took the fastest
+    # every measured size has a time for a kernels' path (one more than 8x slower than the
+    # best on its untimed first call goes untimed: on a busy machine that can be either), and
+    # the plan took the fastest
     for rows, t in saved["timings"].items():
-        assert set(t) >= {"fused", "kernel"}
+        assert set(t) & {"fused", "kernel"}
         assert all(0 < s < float("inf") for s in t.values())
         assert ex.plan.path(int(rows)) == min(t, key=t.get)
     assert "step plan (measured" in caplog.text
@@ -128,11 +129,10 @@ def test_a_path_slow_only_on_its_first_call_at_a_size_is_timed_warm(monkeypatch)
     fused layer once measured 24 ms against 12 warm at 4 rows, was dropped as more than 1.5x
     the best, and a path 1.6x slower ran every decode step from 3 rows up. Here "fused" takes
     20 ms on its first call at each size and 2 ms after, "kernel" 4 ms, the BLAS paths 50 ms:
-    fused wins every size, and the BLAS paths are not timed again and again."""
-    import time
-
+    fused wins every size, and the BLAS paths are not timed again and again. (The times are
+    a fake clock's, so that a busy machine cannot reorder them.)"""
     ex = TorchExecutor(tiny_model(True), num_blocks=700, block_size=16, measure=False)
-    seen, calls = set(), []
+    seen, calls, now = set(), [], [0.0]
 
     def fake_forward(states, sched, path):
         rows = sum(sched.values())
@@ -140,12 +140,12 @@ def test_a_path_slow_only_on_its_first_call_at_a_size_is_timed_warm(monkeypatch)
         if path == "fused":
             cold = (path, rows) not in seen
             seen.add((path, rows))
-            time.sleep(0.02 if cold else 0.002)
+            now[0] += 0.02 if cold else 0.002
         else:
-            time.sleep(0.004 if path == "kernel" else 0.05)
+            now[0] += 0.004 if path == "kernel" else 0.05
 
     monkeypatch.setattr(ex, "forward", fake_forward)
-    timings = autotune.measure(ex)
+    timings = autotune.measure(ex, clock=lambda: now[0])
     plan = autotune.choose(timings)
     assert plan.table == ((NEVER, "fused"),), timings
     slow = [p for p in calls if p not in ("fused", "kernel")]

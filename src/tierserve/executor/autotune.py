@@ -134,8 +134,9 @@ def choose(timings: dict[int, dict[str, float]]) -> StepPlan:
     return StepPlan(tuple(table), "measured")
 
 
-def measure(executor) -> dict[int, dict[str, float]]:
-    """Seconds per forward pass, by step rows and path, in the executor's own KV cache."""
+def measure(executor, clock=time.perf_counter) -> dict[int, dict[str, float]]:
+    """Seconds per forward pass (by `clock`), by step rows and path, in the executor's own KV
+    cache."""
     bs = executor.block_size
     ctx_blocks = -(-(CONTEXT + 1) // bs)
     need = max(max(DECODE_SIZES) * ctx_blocks, -(-max(PROMPT_SIZES) // bs))
@@ -181,9 +182,9 @@ def measure(executor) -> dict[int, dict[str, float]]:
                     sched["t0"] = rows
                 for rid, st in states.items():
                     executor.add_state(rid, st)
-                t0 = time.perf_counter()
+                t0 = clock()
                 executor.forward(states, sched, path=p)
-                took = time.perf_counter() - t0
+                took = clock() - t0
                 if rep < 0:
                     cold[p] = took
                 else:
